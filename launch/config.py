@@ -1,0 +1,178 @@
+"""One typed config tree: dataclasses <- YAML presets <- dotted CLI overrides, saved resolved.
+
+Every stage's config is a (nested) dataclass with documented fields. `load_config` layers, in order,
+the dataclass defaults, a YAML file (or a named preset from `configs/`), and `key.sub=value`
+overrides from the command line; unknown keys and wrong types are refused with a message naming the
+dotted key, so a typo never silently falls back to a default. `save_config` writes the resolved tree
+next to a run's output. The DeepSpeed JSON is *generated* from this tree, never read back into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+PRESET_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain dicts/lists/scalars (YAML- and JSON-serialisable)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ValueError as err:
+                errors.append(str(err))
+        raise ValueError(errors[0] if errors else f"{key}: cannot be {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin in (list, tuple, Sequence) or annotation in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{key}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple or annotation is tuple else items
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(annotation):
+        if isinstance(value, annotation):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: expected a mapping of {annotation.__name__} fields, got {value!r}")
+        return from_dict(annotation, value, prefix=f"{key}.")
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{key}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError(f"{key}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{key}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ValueError(f"{key}: expected a string, got {value!r}")
+    if annotation is Path:
+        return Path(value)
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a mapping, strictly: unknown keys and wrong types are errors."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; "
+            f"valid keys here: {', '.join(prefix + k for k in fields)}"
+        )
+    kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `update` into a copy of `base` (mappings merge, everything else replaces)."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """`["optim.lr=1e-4", "zero.stage=2"]` -> nested dict; values parsed as YAML scalars/lists."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not of the form key.sub=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ValueError(f"override {item!r} has an empty key part")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {item!r} conflicts with another override of {part!r}")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return tree
+
+
+def resolve_preset(name_or_path: str | Path) -> Path:
+    """A YAML path as given, or a preset name (`tiny`, `bert-large-phase1`) from launch/configs/."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise ValueError(f"config file {path} does not exist")
+        return path
+    preset = PRESET_DIR / f"{name_or_path}.yaml"
+    if preset.is_file():
+        return preset
+    names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    raise ValueError(f"no config file or preset named {name_or_path!r}; presets: {', '.join(names) or 'none'}")
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    data.pop("defaults", None)  # reserved for future preset inheritance; harmless
+    return data
+
+
+def load_config(cls: type[T], config: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Defaults, then the YAML file or preset, then dotted overrides; strict at every layer."""
+    data: dict[str, Any] = {}
+    if config is not None:
+        data = load_yaml(resolve_preset(config))
+    data = merge(data, parse_overrides(overrides))
+    return from_dict(cls, data)
+
+
+def save_config(obj: Any, path: str | Path) -> None:
+    """Write the resolved config tree as YAML (what a run actually used, defaults included)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(to_dict(obj), f, sort_keys=False)

@@ -1,0 +1,37 @@
+"""One logging path for every stage: `get_logger(__name__)`, gated on rank 0 in one place.
+
+Libraries (`pipeline/`, `model/`) use the standard `logging.getLogger(__name__)` and never configure
+handlers; entry points call `setup_logging()` once. Under a distributed launcher only global rank 0
+logs at INFO; other ranks log warnings and errors, prefixed with their rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def global_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_rank_zero() -> bool:
+    return global_rank() == 0
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    rank = global_rank()
+    prefix = "" if rank == 0 else f"[rank{rank}] "
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level if rank == 0 else max(level, logging.WARNING))
+    # Third-party loggers that are chatty at INFO on every rank.
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "apache_beam", "ray"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+def get_logger(name: str) -> logging.Logger:
+    return logging.getLogger(name)

@@ -1,0 +1,1 @@
+"""The data side: raw text -> sharded Arrow corpus (Beam), and shards -> training batches."""
