@@ -1,0 +1,34 @@
+"""The `bertpipe` entry point: every registered command exists and documents its flags."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from launch import cli
+
+
+def test_top_level_help_lists_every_command(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in cli.COMMANDS:
+        assert name in out
+
+
+def test_unknown_command_is_a_clear_error(capsys):
+    assert cli.main(["pretrian"]) == 2
+    assert "unknown command 'pretrian'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_each_command_has_help(command):
+    parser = cli.build_parser(command)
+    text = parser.format_help()
+    assert text.startswith(f"usage: bertpipe {command}")
+
+
+def test_console_script_runs():
+    result = subprocess.run([sys.executable, "-m", "launch.cli", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "corpus" in result.stdout
