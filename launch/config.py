@@ -85,6 +85,12 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):
+            # YAML 1.1 (PyYAML) reads `1e-4` (no dot) as a string; accept what float() accepts.
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ValueError(f"{key}: expected a number, got {value!r}")
     if annotation is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
