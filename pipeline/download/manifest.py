@@ -1,0 +1,71 @@
+"""`DIR/download.json`: what was fetched into a download directory (URLs, sizes, checksums, dates).
+
+Several `bertpipe download` commands may target one directory (Wikipedia, then books; or two at
+once), so the file is merged under an exclusive lock and replaced atomically: each command adds
+its `sources` entry and its files; entries for paths it re-fetched are replaced.
+
+Layout:
+    {"format": "bertpipe-download", "format_version": 1,
+     "sources": {"wikipedia/enwiki-20260101/parts": {...}, "gutenberg": {...}},
+     "files": {"<path relative to DIR>": {"source", "url", "size", "sha1"|"md5"|"sha256", "fetched_at", ...}}}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+MANIFEST_NAME = "download.json"
+FORMAT = "bertpipe-download"
+FORMAT_VERSION = 1
+_LOCK_NAME = ".download.lock"  # hidden: the corpus reader skips it
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / _LOCK_NAME, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST_NAME
+    if not path.exists():
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "sources": {}, "files": {}}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); move it aside and rerun the download") from None
+    if data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} is not a bertpipe download manifest (format {data.get('format')!r} "
+            f"version {data.get('format_version')!r}); pick another --out directory"
+        )
+    return data
+
+
+def update_manifest(directory: Path, source_key: str, source: dict[str, Any], files: dict[str, dict[str, Any]]) -> Path:
+    """Merge one command's source entry and files into `directory/download.json`, atomically."""
+    with _locked(directory):
+        data = read_manifest(directory)
+        data["sources"][source_key] = source
+        data["files"].update(files)
+        data["files"] = dict(sorted(data["files"].items()))
+        path = directory / MANIFEST_NAME
+        tmp = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    return path

@@ -1,0 +1,127 @@
+"""The resumable downloader against a local mirror: verify, resume from the byte reached, detect corruption."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from pipeline.download.checksums import parse_checksum_list
+from pipeline.download.errors import ChecksumMismatchError, DiskFullError, NetworkError, NotFoundError
+import threading
+
+from pipeline.download.http import ByteProgress, Cancelled, RetryPolicy, fetch, part_path
+
+FAST = RetryPolicy(max_retries=3, backoff_s=0.01, timeout_s=10)
+PATH = "/enwiki/20260101/enwiki-20260101-pages-articles-multistream.xml.bz2"
+
+
+def _published(mirror, path: str = PATH) -> tuple[int, dict[str, str]]:
+    data = mirror.files[path]
+    return len(data), {"sha1": hashlib.sha1(data).hexdigest()}
+
+
+def test_full_download_verifies_and_takes_its_final_name(mirror, tmp_path: Path) -> None:
+    size, sums = _published(mirror)
+    dest = tmp_path / "dump.xml.bz2"
+    progress = ByteProgress(size, enabled=True)  # the tqdm bar, as on a terminal
+    result = fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=FAST, progress=progress)
+    progress.close()
+    assert progress.done == size
+    assert dest.read_bytes() == mirror.files[PATH]
+    assert result.digests["sha1"] == sums["sha1"] and result.digests["sha256"] == hashlib.sha256(mirror.files[PATH]).hexdigest()
+    assert not part_path(dest).exists() and sorted(p.name for p in tmp_path.iterdir()) == ["dump.xml.bz2"]
+    assert [r.range for r in mirror.requests_for(PATH)] == [None]
+    # A second run finds the verified file and fetches nothing.
+    again = fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=FAST)
+    assert again.skipped and len(mirror.requests_for(PATH)) == 1
+
+
+def test_connection_cut_midway_resumes_from_the_byte_reached(mirror, tmp_path: Path) -> None:
+    size, sums = _published(mirror)
+    cut = 700_001
+    mirror.cut_after[PATH] = cut
+    dest = tmp_path / "dump.xml.bz2"
+    progress = ByteProgress(size, enabled=False)
+    result = fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=FAST, progress=progress)
+    assert progress.done == size  # the bytes before the cut are counted once
+    assert dest.read_bytes() == mirror.files[PATH]
+    ranges = [r.range for r in mirror.requests_for(PATH)]
+    assert ranges == [None, f"bytes={cut}-"], ranges
+    assert mirror.requests_for(PATH)[1].status == 206 and mirror.requests_for(PATH)[1].if_range  # ETag-guarded
+    assert result.retries == 1
+
+
+def test_interrupted_run_leaves_a_part_file_that_the_next_run_resumes(mirror, tmp_path: Path) -> None:
+    size, sums = _published(mirror)
+    cut = 123_457
+    mirror.cut_after[PATH] = cut
+    dest = tmp_path / "dump.xml.bz2"
+    with pytest.raises(NetworkError, match=f"resume from byte {cut}"):
+        fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=RetryPolicy(max_retries=0, timeout_s=10))
+    assert not dest.exists() and part_path(dest).stat().st_size == cut
+    result = fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=FAST)
+    assert result.resumed_from == cut and dest.read_bytes() == mirror.files[PATH]
+    assert mirror.requests_for(PATH)[-1].range == f"bytes={cut}-"
+
+
+def test_cancel_stops_a_transfer_and_keeps_the_part_file(mirror, tmp_path: Path) -> None:
+    cancel = threading.Event()
+
+    class CancelAfterFirstChunk(ByteProgress):
+        def update(self, n: int) -> None:
+            super().update(n)
+            cancel.set()  # what Ctrl-C in the main thread does
+
+    dest = tmp_path / "dump.xml.bz2"
+    with pytest.raises(Cancelled):
+        fetch(mirror.url + PATH, dest, policy=FAST, progress=CancelAfterFirstChunk(None, enabled=False), cancel=cancel)
+    assert not dest.exists() and 0 < part_path(dest).stat().st_size < len(mirror.files[PATH])
+
+
+def test_changed_file_upstream_restarts_instead_of_splicing(mirror, tmp_path: Path) -> None:
+    dest = tmp_path / "dump.xml.bz2"
+    mirror.cut_after[PATH] = 50_000
+    with pytest.raises(NetworkError):
+        fetch(mirror.url + PATH, dest, policy=RetryPolicy(max_retries=0, timeout_s=10))
+    mirror.files[PATH] = b"new contents " * 10_000  # the mirror replaced the file: ETag changes
+    fetch(mirror.url + PATH, dest, policy=FAST)
+    assert dest.read_bytes() == mirror.files[PATH]
+    last = mirror.requests_for(PATH)[-1]
+    assert last.range == "bytes=50000-" and last.status == 200  # If-Range failed -> whole file
+
+
+def test_a_corrupted_byte_is_caught_and_the_part_file_kept_unused(mirror, tmp_path: Path) -> None:
+    size, sums = _published(mirror)
+    mirror.corrupt_at[PATH] = 1_000_000
+    dest = tmp_path / "dump.xml.bz2"
+    with pytest.raises(ChecksumMismatchError, match="sha1 checksum mismatch") as err:
+        fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=FAST)
+    assert "delete it and rerun" in str(err.value)
+    assert not dest.exists() and part_path(dest).stat().st_size == size
+
+
+def test_404_and_retried_503(mirror, tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError, match="404"):
+        fetch(mirror.url + "/enwiki/20990101/nothing.bz2", tmp_path / "x", policy=FAST)
+    assert not list(tmp_path.iterdir())
+    mirror.fail_status[PATH] = [503, 503]
+    fetch(mirror.url + PATH, tmp_path / "y", checksums=_published(mirror)[1], policy=FAST)
+    assert [r.status for r in mirror.requests_for(PATH)] == [503, 503, 200]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux /dev/full to produce a real ENOSPC")
+def test_disk_full_while_writing_says_what_to_do(mirror, tmp_path: Path) -> None:
+    dest = tmp_path / "dump.xml.bz2"
+    part_path(dest).symlink_to("/dev/full")  # every write to the partial file fails with ENOSPC
+    with pytest.raises(DiskFullError, match="the disk filled up while writing .*free some space and rerun"):
+        fetch(mirror.url + PATH, dest, policy=FAST)
+    assert not dest.exists()
+
+
+def test_parse_checksum_list() -> None:
+    sha1 = "a" * 40
+    assert parse_checksum_list(f"{sha1}  enwiki-1.bz2\n\n{sha1.upper()} *b.bz2\n", "sha1") == {"enwiki-1.bz2": sha1, "b.bz2": sha1}
+    with pytest.raises(ValueError, match="line 1"):
+        parse_checksum_list("d41d8cd98f00b204e9800998ecf8427e  x\n", "sha1")
