@@ -40,10 +40,11 @@ bench: install
 	$(BIN)/python bench/run_all.py
 
 k8s-validate: install
-	$(BIN)/python -m k8s.validate
+	$(BIN)/python -m launch.k8s_validate
 
 image:
 	docker build -f docker/Dockerfile.cpu -t bertpipe:cpu .
+	docker build -f docker/Dockerfile.cpu --target beam-sdk -t bertpipe:beam-sdk .
 	docker build -f docker/Dockerfile.cuda -t bertpipe:cuda .
 
 clean:

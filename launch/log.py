@@ -13,7 +13,11 @@ import sys
 
 
 def global_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+    # torchrun and the deepspeed launcher set RANK; under mpirun only Open MPI's / PMI's own variables exist.
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
 
 
 def is_rank_zero() -> bool:

@@ -1,0 +1,79 @@
+"""The overlays render (with kubectl's kustomize) and their patches land where they are meant to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _gpus(container: dict[str, Any]) -> int:
+    return int(container["resources"]["limits"]["nvidia.com/gpu"])
+
+
+def test_objects_render_in_dependency_order(rendered) -> None:
+    for root, objects in rendered.items():
+        kinds = [o["kind"] for o in objects]
+        if "TrainJob" in kinds:
+            assert kinds.index("TrainingRuntime") < kinds.index("TrainJob"), root
+        assert kinds[0] == "PersistentVolumeClaim", root
+
+
+def test_namespaces_and_images(rendered) -> None:
+    assert all("namespace" not in o["metadata"] for o in rendered["k8s/base"])
+    for root, namespace in (("k8s/overlays/dev", "bertpipe-dev"), ("k8s/overlays/multinode", "bertpipe")):
+        assert {o["metadata"].get("namespace") for o in rendered[root]} == {namespace}
+    for root, objects in rendered.items():
+        text = repr(objects)
+        # The placeholder image names never reach a cluster: kustomize's image transformer replaced
+        # them everywhere, custom resources' own image fields included (kustomizeconfig.yaml).
+        assert "'bertpipe-cuda'" not in text and "'bertpipe-cpu'" not in text, root
+
+
+def test_dev_overlay_is_one_gpu_everywhere(rendered, find_object) -> None:
+    dev = rendered["k8s/overlays/dev"]
+    trainjob = find_object(dev, "TrainJob", "bertpipe-pretrain")["spec"]["trainer"]
+    assert trainjob["numNodes"] == 1 and trainjob["numProcPerNode"] == 1
+    assert trainjob["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 1
+    assert "bert-base" in trainjob["command"] and "--resume" in trainjob["command"]
+    runtime = find_object(dev, "TrainingRuntime", "bertpipe-deepspeed")["spec"]
+    assert runtime["mlPolicy"]["numNodes"] == 1
+    for job in runtime["template"]["spec"]["replicatedJobs"]:
+        assert _gpus(job["template"]["spec"]["template"]["spec"]["containers"][0]) == 1
+    pytorch = find_object(dev, "PyTorchJob", "bertpipe-pretrain-torchrun")["spec"]
+    assert set(pytorch["pytorchReplicaSpecs"]) == {"Master"} and pytorch["nprocPerNode"] == "1"
+    jobset = find_object(dev, "JobSet", "bertpipe-pretrain-jobset")["spec"]["replicatedJobs"][0]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in jobset["template"]["spec"]["containers"][0]["env"]}
+    assert jobset["parallelism"] == jobset["completions"] == 1
+    assert env["PET_NNODES"] == "1" and env["PET_NPROC_PER_NODE"] == "1"
+    assert find_object(dev, "PersistentVolumeClaim", "bertpipe-data")["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert "--grid quick" in find_object(dev, "RayJob", "bertpipe-sweep")["spec"]["entrypoint"]
+
+
+def test_multinode_overlay_scales_every_launcher_to_64_gpus(rendered, find_object) -> None:
+    multi = rendered["k8s/overlays/multinode"]
+    trainer = find_object(multi, "TrainJob", "bertpipe-pretrain")["spec"]["trainer"]
+    assert trainer["numNodes"] * trainer["numProcPerNode"] == 64
+    assert find_object(multi, "TrainingRuntime", "bertpipe-deepspeed")["spec"]["mlPolicy"]["numNodes"] == 8
+    pytorch = find_object(multi, "PyTorchJob", "bertpipe-pretrain-torchrun")["spec"]
+    nodes = sum(spec["replicas"] for spec in pytorch["pytorchReplicaSpecs"].values())
+    assert nodes * int(pytorch["nprocPerNode"]) == 64
+    mpi = find_object(multi, "MPIJob", "bertpipe-pretrain-mpi")["spec"]
+    assert mpi["mpiReplicaSpecs"]["Worker"]["replicas"] * mpi["slotsPerWorker"] == 64
+    jobset = find_object(multi, "JobSet", "bertpipe-pretrain-jobset")["spec"]["replicatedJobs"][0]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in jobset["template"]["spec"]["containers"][0]["env"]}
+    assert jobset["completions"] == int(env["PET_NNODES"]) == 8 and int(env["PET_NPROC_PER_NODE"]) == 8
+    driver = find_object(multi, "Job", "bertpipe-corpus-flink")["spec"]["template"]["spec"]["containers"][0]
+    assert driver["command"][driver["command"].index("--num-shards") + 1] == "1024"
+    assert find_object(multi, "FlinkDeployment", "bertpipe-flink")["spec"]["taskManager"]["replicas"] == 16
+
+
+def test_every_gpu_pod_shares_the_volume_and_memory_backed_shm(rendered) -> None:
+    from launch.k8s_validate import pod_specs
+
+    for root, objects in rendered.items():
+        for obj in objects:
+            for _, pod in pod_specs(obj):
+                claims = {v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
+                for container in pod["containers"]:
+                    if "nvidia.com/gpu" in container.get("resources", {}).get("limits", {}):
+                        assert claims == {"bertpipe-data"}, (root, obj["metadata"]["name"])
+                        assert any(m["mountPath"] == "/data" for m in container["volumeMounts"])
