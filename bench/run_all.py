@@ -1,0 +1,44 @@
+"""`make bench`: run every benchmark in bench/ in turn; each prints its own ratio against a peer.
+
+  .venv/bin/python bench/run_all.py                  # all CPU benchmarks (pretrain_gpu only with CUDA)
+  .venv/bin/python bench/run_all.py model_step       # just these
+
+The GPU benchmark (pretrain_gpu.py) runs only where torch sees a CUDA device. Results and the exact
+commands are recorded in docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+CPU_BENCHMARKS = ["corpus_throughput", "loader_throughput", "model_step", "download_throughput"]
+GPU_BENCHMARKS = ["pretrain_gpu"]
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    names = argv or CPU_BENCHMARKS + (GPU_BENCHMARKS if torch.cuda.is_available() else [])
+    unknown = [n for n in names if not (BENCH / f"{n}.py").is_file()]
+    if unknown:
+        print(f"no such benchmark: {', '.join(unknown)}; have: {', '.join(CPU_BENCHMARKS + GPU_BENCHMARKS)}")
+        return 2
+    failed = []
+    for name in names:
+        print(f"\n=== bench/{name}.py ===", flush=True)
+        started = time.monotonic()
+        rc = subprocess.call([sys.executable, str(BENCH / f"{name}.py")])
+        print(f"=== {name}: exit {rc} in {time.monotonic() - started:.0f} s ===", flush=True)
+        if rc != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
