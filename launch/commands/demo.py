@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             "--out", str(corpus), "--seq-len", "128", "--dupe-factor", "2", "--seed", "12345",
             "--num-shards", "4", "--heldout-fraction", "0.05",
         ])
-    _step("corpus inspect", ["corpus", "inspect", str(corpus), "--num-examples", "2"])
+    _step("corpus inspect", ["corpus", "inspect", str(corpus), "--examples", "2"])
 
     if not (hf_dir / "config.json").is_file():
         _step("pretrain", [

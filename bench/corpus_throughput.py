@@ -1,0 +1,188 @@
+"""Corpus job throughput against bare `tokenizers`, and peak memory at 1x and 4x the input.
+
+    .venv/bin/python bench/corpus_throughput.py [--copies 4] [--workers 1] [--masking-only]
+
+Measured in the same run on the same text:
+- job: `bertpipe corpus` end to end (read, wikitext parse, sentences, WordPiece, NSP instances,
+  masking, shards), in a fresh process per run, tokens/s = tokens counted by the job / wall time;
+- peer: HF `tokenizers` `encode_batch` over the same sentences (already read and split), the
+  floor any WordPiece pipeline pays;
+- peak RSS of the job's process at 1x and Nx the input (N copies of every file, new document ids).
+- per-sample masking at seq 128 (the loader's dynamic re-masking): `mask_tokens` against a
+  transcription of google-research/bert's per-token Python loop.
+Prints a table and the ratios. Both sides use one core (RAYON_NUM_THREADS=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+INPUTS = [DATA / "wiki" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+          DATA / "books" / "persuasion.txt", DATA / "books" / "northangerabbey.txt"]
+VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
+
+
+def _child(out: str, inputs: list[str], workers: int) -> None:
+    """Run the job in this (fresh) process and print its tokens, seconds and peak RSS as JSON."""
+    from pipeline.corpus_job import CorpusConfig, run
+
+    cfg = CorpusConfig(inputs=inputs, out=out, vocab=str(VOCAB), seq_len=128, dupe_factor=1, seed=1,
+                       instances_per_shard=5000)
+    beam_args = [f"--direct_num_workers={workers}"] if workers > 1 else []
+    start = time.perf_counter()
+    result = run(cfg, beam_args)
+    seconds = time.perf_counter() - start
+    rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"tokens": result.manifest["counters"]["tokens"], "seconds": seconds,
+                      "instances": result.manifest["num_instances"], "peak_rss_mb": max(rss_self, rss_children) / 1024}))
+
+
+def run_job(inputs: list[Path], workers: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bertpipe-bench-") as tmp:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", str(Path(tmp) / "out"), str(workers), *map(str, inputs)],
+            env=env, capture_output=True, text=True, check=False,
+        )
+        if proc.returncode != 0:
+            sys.exit(f"job failed:\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def peer_tokens_per_s(inputs: list[Path]) -> tuple[float, int]:
+    from pipeline.readers import RawDocument, ReadStats, read_file
+    from pipeline.tokenize import build_tokenizer, split_sentences
+
+    sentences: list[str] = []
+    for path in inputs:
+        with open(path, "rb") as f:
+            for rec in read_file(f, str(path), "auto", 16_000_000, ReadStats()):
+                if isinstance(rec, RawDocument):
+                    sentences += split_sentences(rec)
+    tok = build_tokenizer(VOCAB.read_text(encoding="utf-8"), lowercase=True)
+    start = time.perf_counter()
+    tokens = sum(len(e.ids) for e in tok.encode_batch(sentences, add_special_tokens=False))
+    return tokens / (time.perf_counter() - start), tokens
+
+
+def _original_masking(tokens: list[int], rng, vocab, masked_lm_prob=0.15, max_predictions=20):
+    """google-research/bert `create_masked_lm_predictions`, transcribed (Python lists, per token)."""
+    special = vocab.is_special
+    cand_indexes = [i for i, t in enumerate(tokens) if not special[t]]
+    rng.shuffle(cand_indexes)
+    output = list(tokens)
+    num_to_predict = min(max_predictions, max(1, int(round(len(tokens) * masked_lm_prob))))
+    masked = []
+    for index in cand_indexes:
+        if len(masked) >= num_to_predict:
+            break
+        if rng.random() < 0.8:
+            output[index] = vocab.mask_id
+        elif rng.random() < 0.5:
+            output[index] = tokens[index]
+        else:
+            output[index] = int(vocab.random_ids[rng.randint(0, len(vocab.random_ids) - 1)])
+        masked.append((index, tokens[index]))
+    masked.sort()
+    return output, [i for i, _ in masked], [t for _, t in masked]
+
+
+def masking_rates(n_rows: int = 2000) -> list[tuple[str, str]]:
+    """Per-sample masking of seq-128 rows of real text: ours (numpy) vs the original's Python loop."""
+    import random
+
+    import numpy as np
+
+    from pipeline.masking import MaskingVocab, mask_tokens
+    from pipeline.tokenize import build_tokenizer
+
+    vocab = MaskingVocab.from_vocab_file(VOCAB)
+    tok = build_tokenizer(VOCAB.read_text(encoding="utf-8"), lowercase=True)
+    ids = tok.encode(INPUTS[1].read_text(encoding="utf-8")[:400_000], add_special_tokens=False).ids
+    rows = [np.array([101] + ids[k : k + 62] + [102] + ids[k + 62 : k + 125] + [102], dtype=np.int32)
+            for k in range(0, 125 * n_rows, 125)][:n_rows]
+
+    def best_rate(fn) -> float:
+        best = 0.0
+        for _ in range(3):
+            start = time.perf_counter()
+            for row in rows:
+                fn(row)
+            best = max(best, len(rows) / (time.perf_counter() - start))
+        return best
+
+    rng = np.random.default_rng(0)
+    ours = best_rate(lambda r: mask_tokens(r, rng=rng, vocab=vocab))
+    wwm = best_rate(lambda r: mask_tokens(r, rng=rng, vocab=vocab, whole_word_mask=True))
+    py_rng = random.Random(0)
+    lists = {id(r): r.tolist() for r in rows}
+    original = best_rate(lambda r: _original_masking(lists[id(r)], py_rng, vocab))
+    return [
+        ("mask_tokens samples/s (seq 128)", f"{ours:,.0f}"),
+        ("mask_tokens whole-word samples/s", f"{wwm:,.0f}"),
+        ("original Python loop samples/s", f"{original:,.0f}"),
+        ("ratio mask_tokens / original", f"{ours / original:.2f}"),
+    ]
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[4:], int(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copies", type=int, default=4, help="N for the Nx-input memory run (default 4)")
+    parser.add_argument("--workers", type=int, default=1, help="local Beam worker processes (default 1)")
+    parser.add_argument("--masking-only", action="store_true", help="only the per-sample masking rates")
+    args = parser.parse_args()
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    if args.masking_only:
+        _print(masking_rates())
+        return
+
+    one = run_job(INPUTS, args.workers)
+    with tempfile.TemporaryDirectory(prefix="bertpipe-bench-in-") as tmp:
+        many = []
+        for k in range(args.copies):
+            for path in INPUTS:
+                copy = Path(tmp) / f"copy{k}-{path.name}"
+                shutil.copyfile(path, copy)
+                many.append(copy)
+        n_x = run_job(many, args.workers)
+    peer, peer_tokens = peer_tokens_per_s(INPUTS)
+
+    job_tps = one["tokens"] / one["seconds"]
+    rows = [
+        ("job tokens/s (1x)", f"{job_tps:,.0f}"),
+        ("tokenizers encode_batch tokens/s", f"{peer:,.0f}"),
+        ("ratio job / encode_batch", f"{job_tps / peer:.3f}"),
+        ("tokens (job / peer)", f"{one['tokens']:,} / {peer_tokens:,}"),
+        ("instances 1x", f"{one['instances']:,}"),
+        ("job seconds 1x", f"{one['seconds']:.1f}"),
+        ("peak RSS 1x (MB)", f"{one['peak_rss_mb']:.0f}"),
+        (f"peak RSS {args.copies}x (MB)", f"{n_x['peak_rss_mb']:.0f}"),
+        (f"memory ratio {args.copies}x / 1x", f"{n_x['peak_rss_mb'] / one['peak_rss_mb']:.2f}"),
+        (f"job tokens/s ({args.copies}x)", f"{n_x['tokens'] / n_x['seconds']:,.0f}"),
+    ]
+    _print(rows + masking_rates())
+
+
+def _print(rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()

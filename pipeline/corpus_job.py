@@ -1,0 +1,255 @@
+"""The corpus job: `run(config, beam_args)` builds and runs the Beam pipeline, then the manifest.
+
+    files -> ReadDocuments -> TokenizeDocuments -> CreateInstances -> WriteShards -> shard files
+                  \\________________\\______________ dead letters (ids + reasons) -> dead_letter/
+
+Shaped like Beam's `wordcount.py`: options in, pipeline out. Every stage is a composite PTransform
+in its own module. The local default runner is named (`FnApiRunner`), so Beam never tries to
+download Prism; any other runner and its options pass through untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline.instances import InstanceSettings
+from pipeline.masking import MaskingVocab
+from pipeline.nsp import CreateInstances, SplitSettings
+from pipeline.shards import WriteShards
+from pipeline.sources import DEAD_LETTER, ReadDocuments, expand_inputs
+from pipeline.tokenize import TokenizeDocuments, read_vocab_tokens, vocab_is_cased
+from pipeline.vocab_training import CountWords, read_count_files, train_wordpiece
+
+log = logging.getLogger(__name__)
+
+FORMAT = "bertpipe-corpus"
+FORMAT_VERSION = 1
+SEQ_LEN_RANGE = (8, 4096)
+LOCAL_RUNNER = "FnApiRunner"
+TMP = ".bertpipe-tmp"
+
+
+@dataclass
+class CorpusConfig:
+    """Settings of one corpus build (saved in the manifest as `config`)."""
+
+    inputs: list[str] = field(default_factory=list)  # files, directories, globs (any Beam filesystem)
+    out: str = ""  # output directory
+    vocab: str | None = None  # a BERT vocab.txt, or None with train_vocab_size
+    train_vocab_size: int | None = None  # train a WordPiece vocab of this size on the input
+    seq_len: int = 128  # [CLS] A [SEP] B [SEP], at most this many tokens
+    dupe_factor: int = 5  # copies of each document with different segmentation and masks
+    seed: int = 12345
+    masked_lm_prob: float = 0.15
+    max_predictions: int = 20
+    short_seq_prob: float = 0.1
+    whole_word_mask: bool = False
+    lowercase: bool | None = None  # None: uncased unless the vocab is cased
+    num_shards: int = 0  # train shards; 0 = one per `instances_per_shard`
+    instances_per_shard: int = 100_000
+    heldout_fraction: float = 0.02  # share of whole documents in the heldout split
+    docs_per_bucket: int = 1000  # NSP negatives come from a bucket of about this many documents
+    input_format: str = "auto"  # auto | wiki-xml | text | lines | jsonl
+    shard_format: str = "arrow"  # arrow | parquet
+    max_document_bytes: int = 16_000_000  # larger documents are skipped (counted, dead-lettered)
+
+    def validate(self) -> None:
+        """Raise `ValueError` (what to change) before any work starts."""
+        lo, hi = SEQ_LEN_RANGE
+        if not lo <= self.seq_len <= hi:
+            raise ValueError(f"--seq-len {self.seq_len} is out of range; use {lo}..{hi} (BERT uses 128 and 512)")
+        if (self.vocab is None) == (self.train_vocab_size is None):
+            raise ValueError("give exactly one of --vocab VOCAB.txt or --train-vocab-size N")
+        if self.vocab is not None and not FileSystems.exists(self.vocab):
+            raise ValueError(f"vocab file {self.vocab} does not exist; pass a BERT vocab.txt or --train-vocab-size N")
+        if self.train_vocab_size is not None and not 100 <= self.train_vocab_size <= 1_000_000:
+            raise ValueError("--train-vocab-size must be between 100 and 1000000 (BERT uses 30522)")
+        checks = [
+            (self.dupe_factor >= 1, "--dupe-factor must be at least 1"),
+            (0.0 < self.masked_lm_prob < 1.0, "--masked-lm-prob must be in (0, 1)"),
+            (self.max_predictions >= 1, "--max-predictions must be at least 1"),
+            (0.0 <= self.short_seq_prob <= 1.0, "--short-seq-prob must be in [0, 1]"),
+            (0.0 <= self.heldout_fraction < 1.0, "--heldout-fraction must be in [0, 1)"),
+            (self.num_shards >= 0, "--num-shards must be 0 (auto) or more"),
+            (self.instances_per_shard >= 1, "--instances-per-shard must be at least 1"),
+            (self.docs_per_bucket >= 2, "--docs-per-bucket must be at least 2"),
+            (self.shard_format in ("arrow", "parquet"), "--shard-format must be arrow or parquet"),
+            (self.max_document_bytes >= 1024, "--max-document-bytes must be at least 1024"),
+            (bool(self.inputs), "give at least one --input"),
+            (bool(self.out), "give --out DIR"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+@dataclass
+class CorpusResult:
+    out: Path
+    manifest: dict
+    seconds: float
+
+
+def pipeline_options(beam_args: Sequence[str]) -> PipelineOptions:
+    """Beam options with the local runner named explicitly (never the Prism download)."""
+    args = list(beam_args)
+    if not any(a == "--runner" or a.startswith("--runner=") for a in args):
+        args.append(f"--runner={LOCAL_RUNNER}")
+    workers = [a for a in args if a.startswith("--direct_num_workers")]
+    if workers and not any(a.startswith("--direct_running_mode") for a in args):
+        # Several local workers only run in parallel as separate processes (the GIL).
+        args.append("--direct_running_mode=multi_processing")
+    return PipelineOptions(args)
+
+
+def _counters(result) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for counter in result.metrics().query(MetricsFilter())["counters"]:
+        if counter.key.metric.namespace != "corpus":
+            continue
+        value = counter.committed if counter.committed is not None else counter.attempted
+        totals[counter.key.metric.name] += int(value or 0)
+    return dict(sorted(totals.items()))
+
+
+def _clear_previous_output(out: str) -> None:
+    # Only our own files: a rerun with fewer shards must not leave stale ones behind.
+    if "://" in out or not os.path.isdir(out):
+        return
+    for name in os.listdir(out):
+        if name.endswith((".arrow", ".parquet")) and "-of-" in name or name in ("manifest.json", TMP, "dead_letter"):
+            path = os.path.join(out, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def _read_jsonl(pattern: str) -> list:
+    records = []
+    for meta in FileSystems.match([pattern])[0].metadata_list:
+        with FileSystems.open(meta.path) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return records
+
+
+def _train_vocab(config: CorpusConfig, files: list[str], lowercase: bool, options: PipelineOptions, tmp: str) -> tuple[str, dict]:
+    log.info("stage 1/2: counting words of %d files to train a %d-token vocabulary", len(files), config.train_vocab_size)
+    with beam.Pipeline(options=options) as p:
+        read = p | "Files" >> beam.Create(files) | "Read" >> ReadDocuments(config.input_format, config.max_document_bytes)
+        (
+            read.documents
+            | "CountWords" >> CountWords(lowercase)
+            | "Json" >> beam.Map(lambda kv: json.dumps(list(kv), ensure_ascii=False))
+            | "Write" >> beam.io.WriteToText(FileSystems.join(tmp, "word_counts"), file_name_suffix=".jsonl")
+        )
+    counters = _counters(p.result)
+    counts = read_count_files(m.path for m in FileSystems.match([FileSystems.join(tmp, "word_counts*")])[0].metadata_list)
+    tokens = train_wordpiece(counts, config.train_vocab_size, lowercase)
+    log.info("trained a vocabulary of %d tokens from %d distinct words", len(tokens), len(counts))
+    return "\n".join(tokens) + "\n", {k: v for k, v in counters.items() if k.startswith("vocab_")}
+
+
+def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
+    """Build the corpus in `config.out`; raises `ValueError` for bad settings before any work."""
+    from launch.config import to_dict
+
+    config.validate()
+    start = time.time()
+    files = expand_inputs(config.inputs)
+    options = pipeline_options(beam_args)
+    out = config.out.rstrip("/")
+    _clear_previous_output(out)
+    if not FileSystems.exists(out):
+        FileSystems.mkdirs(out)
+    tmp = FileSystems.join(out, TMP)
+    extra_counters: dict[str, int] = {}
+
+    if config.vocab is not None:
+        with FileSystems.open(config.vocab) as f:
+            vocab_text = f.read().decode("utf-8")
+        lowercase = config.lowercase if config.lowercase is not None else not vocab_is_cased(read_vocab_tokens(vocab_text))
+    else:
+        lowercase = True if config.lowercase is None else config.lowercase
+        vocab_text, extra_counters = _train_vocab(config, files, lowercase, options, tmp)
+    tokens = read_vocab_tokens(vocab_text)
+    try:
+        masking_vocab = MaskingVocab.from_tokens(tokens)
+        ids = {t: i for i, t in enumerate(tokens)}
+        cls_id, sep_id = ids["[CLS]"], ids["[SEP]"]
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"vocab {config.vocab}: {err}; a BERT vocab.txt needs [PAD] [UNK] [CLS] [SEP] [MASK]") from err
+
+    settings = InstanceSettings(
+        seq_len=config.seq_len, short_seq_prob=config.short_seq_prob, masked_lm_prob=config.masked_lm_prob,
+        max_predictions=config.max_predictions, whole_word_mask=config.whole_word_mask, cls_id=cls_id, sep_id=sep_id,
+    )
+    split_settings = SplitSettings(config.seed, config.heldout_fraction, config.docs_per_bucket, config.dupe_factor)
+    stage = "stage 2/2" if config.vocab is None else "corpus"
+    log.info("%s: %d input files -> %s (runner %s)", stage, len(files), out, options.view_as(beam.options.pipeline_options.StandardOptions).runner)
+
+    with beam.Pipeline(options=options) as p:
+        read = p | "Files" >> beam.Create(files) | "Read" >> ReadDocuments(config.input_format, config.max_document_bytes)
+        tokenized = read.documents | "Tokenize" >> TokenizeDocuments(vocab_text, lowercase)
+        shards = (
+            tokenized.documents
+            | "Instances" >> CreateInstances(split_settings, settings, masking_vocab)
+            | "Shards" >> WriteShards(out, config.shard_format, config.num_shards, config.instances_per_shard)
+        )
+        shards | "ShardInfo" >> beam.Map(json.dumps) | "WriteShardInfo" >> beam.io.WriteToText(
+            FileSystems.join(tmp, "shards"), file_name_suffix=".jsonl"
+        )
+        (
+            (read[DEAD_LETTER], tokenized[DEAD_LETTER])
+            | "DeadLetters" >> beam.Flatten()
+            | "DeadLetterJson" >> beam.Map(lambda s: json.dumps(dataclasses.asdict(s), ensure_ascii=False))
+            | "WriteDeadLetters" >> beam.io.WriteToText(
+                FileSystems.join(out, "dead_letter", "dead_letter"), file_name_suffix=".jsonl"
+            )
+        )
+    counters = {**_counters(p.result), **extra_counters}
+
+    shard_infos = sorted(_read_jsonl(FileSystems.join(tmp, "shards*")), key=lambda s: (s["split"] != "train", s["path"]))
+    with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
+        f.write(vocab_text.encode("utf-8"))
+    cfg = to_dict(config)
+    cfg["lowercase"] = lowercase
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "seed": config.seed,
+        "seq_len": config.seq_len,
+        "dupe_factor": config.dupe_factor,
+        "masked_lm_prob": config.masked_lm_prob,
+        "max_predictions": config.max_predictions,
+        "short_seq_prob": config.short_seq_prob,
+        "whole_word_mask": config.whole_word_mask,
+        "lowercase": lowercase,
+        "vocab_file": "vocab.txt",
+        "vocab_sha256": hashlib.sha256(vocab_text.encode("utf-8")).hexdigest(),
+        "vocab_size": len(tokens),
+        "shard_format": config.shard_format,
+        "num_instances": sum(s["num_instances"] for s in shard_infos),
+        "shards": shard_infos,
+        "counters": counters,
+        "inputs": files,
+        "config": cfg,
+    }
+    with FileSystems.create(FileSystems.join(out, "manifest.json")) as f:
+        f.write(json.dumps(manifest, indent=2, sort_keys=False).encode("utf-8"))
+    FileSystems.delete([tmp])
+    if manifest["num_instances"] == 0:
+        log.warning("no instances were produced; the counters in %s/manifest.json say what was skipped and why", out)
+    return CorpusResult(Path(out), manifest, time.time() - start)

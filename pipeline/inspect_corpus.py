@@ -1,0 +1,79 @@
+"""Read a corpus directory back: manifest checks, stats and decoded instances with masks shown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.corpus_job import FORMAT
+
+
+def load_manifest(corpus_dir: str | Path) -> dict:
+    path = Path(corpus_dir) / "manifest.json"
+    if not path.is_file():
+        raise ValueError(f"{corpus_dir} has no manifest.json; is it the --out DIR of `bertpipe corpus`?")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a bertpipe corpus manifest (format {manifest.get('format')!r})")
+    return manifest
+
+
+def read_shard(path: str | Path) -> pa.Table:
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return pq.read_table(path)
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def decode_instance(row: dict, vocab: list[str]) -> str:
+    """`[CLS] the [MASK]{cat} sat ...`: masked positions show their original token in braces."""
+    labels = dict(zip(row["masked_lm_positions"], row["masked_lm_ids"]))
+    words = []
+    for pos, tok in enumerate(row["input_ids"]):
+        text = vocab[tok] if 0 <= tok < len(vocab) else f"<{tok}>"
+        if pos in labels:
+            original = vocab[labels[pos]]
+            text = f"{text}{{{original}}}" if tok != labels[pos] else f"={text}{{kept}}"
+        words.append(text)
+    return " ".join(words).replace(" ##", "##")
+
+
+def summary(corpus_dir: str | Path, num_examples: int = 3) -> str:
+    """The text `bertpipe corpus inspect` prints."""
+    corpus_dir = Path(corpus_dir)
+    manifest = load_manifest(corpus_dir)
+    vocab = (corpus_dir / manifest["vocab_file"]).read_text(encoding="utf-8").split("\n")
+    lines = [
+        f"corpus {corpus_dir}",
+        f"  seq_len {manifest['seq_len']}  dupe_factor {manifest['dupe_factor']}  seed {manifest['seed']}  "
+        f"masked_lm_prob {manifest['masked_lm_prob']}  max_predictions {manifest['max_predictions']}  "
+        f"whole_word_mask {manifest['whole_word_mask']}  lowercase {manifest['lowercase']}",
+        f"  vocab {manifest['vocab_size']} tokens (sha256 {manifest['vocab_sha256'][:12]}...)",
+        f"  instances {manifest['num_instances']}",
+        "",
+        f"  {'shard':<32} {'split':<8} {'instances':>10}  sha256",
+    ]
+    for shard in manifest["shards"]:
+        lines.append(f"  {shard['path']:<32} {shard['split']:<8} {shard['num_instances']:>10}  {shard['sha256'][:16]}")
+    lines += ["", "  counters:"]
+    width = max((len(k) for k in manifest["counters"]), default=10)
+    lines += [f"    {k:<{width}}  {v:>12,}" for k, v in manifest["counters"].items()]
+    train = [s for s in manifest["shards"] if s["split"] == "train" and s["num_instances"]]
+    if train and num_examples > 0:
+        table = read_shard(corpus_dir / train[0]["path"])
+        lengths = np.asarray(table.column("length").to_numpy())
+        nsp = np.asarray(table.column("next_sentence_label").to_numpy())
+        lines += [
+            "",
+            f"  {train[0]['path']}: mean length {lengths.mean():.1f}, random-next share {nsp.mean():.3f}",
+            "  examples ([MASK]{original}, random{original}, ={kept} tokens):",
+        ]
+        for row in table.slice(0, num_examples).to_pylist():
+            lines.append(f"  - doc {row['doc_id']}  next_sentence_label {row['next_sentence_label']}")
+            lines.append("    " + decode_instance(row, vocab))
+    return "\n".join(lines)

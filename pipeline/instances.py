@@ -1,0 +1,164 @@
+"""NSP instances exactly as google-research/bert `create_instances_from_document` builds them.
+
+Pure functions with an explicit `numpy.random.Generator`; the Beam stage (`pipeline.nsp`) seeds it
+from (seed, document id, dupe index). Legend: A, B = the two segments; T = `seq_len - 3`, the most
+tokens A and B may hold together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from pipeline.masking import MaskingVocab, mask_tokens
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One training example, unpadded. `next_sentence_label`: 0 = B follows A, 1 = B is random."""
+
+    doc_id: str
+    input_ids: np.ndarray  # [L] int32, masks applied
+    token_type_ids: np.ndarray  # [L] int8
+    masked_lm_positions: np.ndarray  # [P] int32 ascending
+    masked_lm_ids: np.ndarray  # [P] int32
+    next_sentence_label: int
+
+
+@dataclass(frozen=True)
+class InstanceSettings:
+    seq_len: int = 128
+    short_seq_prob: float = 0.1
+    masked_lm_prob: float = 0.15
+    max_predictions: int = 20
+    whole_word_mask: bool = False
+    cls_id: int = 101
+    sep_id: int = 102
+
+
+def truncate_seq_pair(
+    len_a: int, len_b: int, max_num_tokens: int, rng: np.random.Generator, keep_junction: bool = False
+) -> tuple[int, int, int, int]:
+    """Trim the longer side, from a random end, one token at a time, until A+B fit.
+
+    Returns (a_front, a_back, b_front, b_back): tokens removed at each end. Counts instead of list
+    deletions keep a pathological 50k-token "sentence" linear. With `keep_junction` (true-next
+    pairs) only the outer ends are trimmed (A's front, B's back), so A followed by B stays a
+    contiguous run of the document; the original could cut at the junction and label a pair with a
+    gap "next". The random draws are the same either way.
+    """
+    excess = len_a + len_b - max_num_tokens
+    cut = [0, 0, 0, 0]
+    if excess <= 0:
+        return (0, 0, 0, 0)
+    front = rng.random(excess) < 0.5
+    if keep_junction:
+        front[:] = True  # A loses its front ...
+    for k in range(excess):
+        if len_a > len_b:
+            cut[0 if front[k] else 1] += 1
+            len_a -= 1
+        else:
+            cut[3 if keep_junction else (2 if front[k] else 3)] += 1  # ... B its back
+            len_b -= 1
+    return cut[0], cut[1], cut[2], cut[3]
+
+
+def create_instances_from_document(
+    doc_index: int,
+    documents: Sequence[Sequence[np.ndarray]],
+    doc_ids: Sequence[str],
+    settings: InstanceSettings,
+    vocab: MaskingVocab,
+    rng: np.random.Generator,
+) -> list[Instance]:
+    """Instances of `documents[doc_index]`; random B segments come from the other `documents`."""
+    document = documents[doc_index]
+    max_num_tokens = settings.seq_len - 3
+    # Usually fill the sequence; sometimes (short_seq_prob) a shorter one, so that fine-tuning on
+    # short inputs is not out of distribution. Chosen once per document, as the original.
+    target_seq_length = max_num_tokens
+    if rng.random() < settings.short_seq_prob:
+        target_seq_length = int(rng.integers(2, max_num_tokens + 1))
+
+    instances: list[Instance] = []
+    current_chunk: list[np.ndarray] = []
+    current_length = 0
+    i = 0
+    while i < len(document):
+        segment = document[i]
+        current_chunk.append(segment)
+        current_length += segment.size
+        if i == len(document) - 1 or current_length >= target_seq_length:
+            if current_chunk:
+                a_end = 1
+                if len(current_chunk) >= 2:
+                    a_end = int(rng.integers(1, len(current_chunk)))
+                tokens_a = np.concatenate(current_chunk[:a_end])
+                if len(current_chunk) == 1 or rng.random() < 0.5:
+                    is_random_next = True
+                    target_b_length = target_seq_length - tokens_a.size
+                    random_index = _random_other_document(doc_index, len(documents), rng)
+                    random_document = documents[random_index]
+                    random_start = int(rng.integers(0, len(random_document)))
+                    pieces, b_len = [], 0
+                    for j in range(random_start, len(random_document)):
+                        pieces.append(random_document[j])
+                        b_len += random_document[j].size
+                        if b_len >= target_b_length:
+                            break
+                    tokens_b = np.concatenate(pieces)
+                    # The unused segments go back, so no text of this document is wasted.
+                    i -= len(current_chunk) - a_end
+                else:
+                    is_random_next = False
+                    tokens_b = np.concatenate(current_chunk[a_end:])
+                instances.append(
+                    _make_instance(doc_ids[doc_index], tokens_a, tokens_b, is_random_next, max_num_tokens, settings, vocab, rng)
+                )
+            current_chunk = []
+            current_length = 0
+        i += 1
+    return instances
+
+
+def _random_other_document(doc_index: int, num_documents: int, rng: np.random.Generator) -> int:
+    # As the original: up to 10 tries for a different document (a bucket of one has no other).
+    random_index = doc_index
+    for _ in range(10):
+        random_index = int(rng.integers(0, num_documents))
+        if random_index != doc_index:
+            break
+    return random_index
+
+
+def _make_instance(doc_id, tokens_a, tokens_b, is_random_next, max_num_tokens, settings, vocab, rng) -> Instance:
+    a_front, a_back, b_front, b_back = truncate_seq_pair(
+        tokens_a.size, tokens_b.size, max_num_tokens, rng, keep_junction=not is_random_next
+    )
+    tokens_a = tokens_a[a_front : tokens_a.size - a_back]
+    tokens_b = tokens_b[b_front : tokens_b.size - b_back]
+    assert tokens_a.size >= 1 and tokens_b.size >= 1, "segments are non-empty by construction"
+    cls = np.array([settings.cls_id], dtype=np.int32)
+    sep = np.array([settings.sep_id], dtype=np.int32)
+    ids = np.concatenate([cls, tokens_a, sep, tokens_b, sep])
+    token_type_ids = np.zeros(ids.size, dtype=np.int8)
+    token_type_ids[tokens_a.size + 2 :] = 1
+    masked = mask_tokens(
+        ids,
+        rng=rng,
+        vocab=vocab,
+        masked_lm_prob=settings.masked_lm_prob,
+        max_predictions=settings.max_predictions,
+        whole_word_mask=settings.whole_word_mask,
+    )
+    return Instance(
+        doc_id=doc_id,
+        input_ids=masked.input_ids,
+        token_type_ids=token_type_ids,
+        masked_lm_positions=masked.positions,
+        masked_lm_ids=masked.labels,
+        next_sentence_label=int(is_random_next),
+    )

@@ -1,0 +1,147 @@
+"""`CreateInstances`: tokenized documents -> masked NSP instances, with bounded memory.
+
+NSP negatives are drawn within a bucket of documents (a `GroupByKey` on a hash of the document
+id), never from a global list: a worker holds one bucket (`docs_per_bucket` documents) at a time.
+The number of buckets comes from a one-integer side input (the document count). Whole documents
+go to the `heldout` split by a hash of (seed, doc id); every random draw comes from a generator
+seeded by (seed, doc id, dupe index), so bundling, retries and worker counts cannot change output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipeline.instances import InstanceSettings, create_instances_from_document
+from pipeline.masking import MaskingVocab, derive_seed, rng_for
+from pipeline.tokenize import TokenizedDocument
+
+TRAIN, HELDOUT = "train", "heldout"
+_U64 = float(2**64)
+# Below this many documents a guaranteed heldout document would take too much of the training text.
+MIN_DOCS_FOR_FORCED_HELDOUT = 10
+
+
+@dataclass(frozen=True)
+class SplitSettings:
+    seed: int
+    heldout_fraction: float
+    docs_per_bucket: int
+    dupe_factor: int
+
+
+def heldout_score(seed: int, doc_id: str) -> float:
+    """Uniform in [0, 1): a document is heldout when its score is below the heldout fraction."""
+    return derive_seed(seed, "heldout", doc_id) / _U64
+
+
+class _DocStats(beam.CombineFn):
+    """(number of documents, (lowest heldout score, its doc id)) over the whole corpus."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def create_accumulator(self):
+        return (0, (2.0, ""))
+
+    def add_input(self, acc, doc_id):
+        return (acc[0] + 1, min(acc[1], (heldout_score(self.seed, doc_id), doc_id)))
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        return (sum(a[0] for a in accs), min(a[1] for a in accs))
+
+    def extract_output(self, acc):
+        return acc
+
+
+def assign_split(doc_id: str, stats, settings: SplitSettings) -> str:
+    fraction = settings.heldout_fraction
+    if fraction <= 0:
+        return TRAIN
+    if heldout_score(settings.seed, doc_id) < fraction:
+        return HELDOUT
+    n_docs, (_, lowest_doc) = stats
+    # A small corpus could hash no document below the fraction; the trainer still needs a heldout set.
+    if n_docs >= MIN_DOCS_FOR_FORCED_HELDOUT and doc_id == lowest_doc:
+        return HELDOUT
+    return TRAIN
+
+
+def num_buckets(split: str, stats, settings: SplitSettings) -> int:
+    n_docs = stats[0]
+    share = settings.heldout_fraction if split == HELDOUT else 1.0 - settings.heldout_fraction
+    return max(1, math.ceil(n_docs * share / settings.docs_per_bucket))
+
+
+class _KeyByBucket(beam.DoFn):
+    def __init__(self, settings: SplitSettings):
+        self.settings = settings
+
+    def process(self, doc: TokenizedDocument, stats) -> Iterable:
+        split = assign_split(doc.doc_id, stats, self.settings)
+        Metrics.counter("corpus", f"documents_{split}").inc()
+        bucket = derive_seed(self.settings.seed, "bucket", doc.doc_id) % num_buckets(split, stats, self.settings)
+        yield (split, bucket), doc
+
+
+class _BucketInstancesFn(beam.DoFn):
+    """All dupes of all instances of one bucket; emits (split, order key, Instance)."""
+
+    def __init__(self, split_settings: SplitSettings, settings: InstanceSettings, vocab: MaskingVocab):
+        self.split_settings = split_settings
+        self.settings = settings
+        self.vocab = vocab
+        self.instances = Metrics.counter("corpus", "instances")
+        self.random_next = Metrics.counter("corpus", "instances_random_next")
+        self.masked = Metrics.counter("corpus", "masked_tokens")
+        self.tokens = Metrics.counter("corpus", "instance_tokens")
+        self.lonely = Metrics.counter("corpus", "buckets_with_one_document")
+
+    def process(self, keyed) -> Iterable:
+        (split, _), docs = keyed
+        # The runner delivers a bucket's documents in any order; sort so draws never depend on it.
+        docs = sorted(docs, key=lambda d: d.doc_id)
+        if len(docs) == 1:
+            self.lonely.inc()
+        sentences = [d.sentences for d in docs]
+        doc_ids = [d.doc_id for d in docs]
+        seed = self.split_settings.seed
+        for index, doc_id in enumerate(doc_ids):
+            for dupe in range(self.split_settings.dupe_factor):
+                rng = rng_for(seed, doc_id, dupe)
+                made = create_instances_from_document(index, sentences, doc_ids, self.settings, self.vocab, rng)
+                for k, inst in enumerate(made):
+                    self.instances.inc()
+                    self.random_next.inc(inst.next_sentence_label)
+                    self.masked.inc(int(inst.masked_lm_positions.size))
+                    self.tokens.inc(int(inst.input_ids.size))
+                    order = derive_seed(seed, "order", doc_id, dupe, k)
+                    yield split, (order, doc_id, dupe, k), inst
+
+
+class CreateInstances(beam.PTransform):
+    """`TokenizedDocument`s -> `(split, sort_key, Instance)` with `dupe_factor` masks per document."""
+
+    def __init__(self, split_settings: SplitSettings, settings: InstanceSettings, vocab: MaskingVocab):
+        super().__init__()
+        self.split_settings = split_settings
+        self.settings = settings
+        self.vocab = vocab
+
+    def expand(self, docs):
+        stats = (
+            docs
+            | "DocIds" >> beam.Map(lambda d: d.doc_id)
+            | "CountDocs" >> beam.CombineGlobally(_DocStats(self.split_settings.seed)).without_defaults()
+        )
+        return (
+            docs
+            | "KeyByBucket" >> beam.ParDo(_KeyByBucket(self.split_settings), stats=beam.pvalue.AsSingleton(stats))
+            | "GroupBuckets" >> beam.GroupByKey()
+            | "MakeInstances" >> beam.ParDo(_BucketInstancesFn(self.split_settings, self.settings, self.vocab))
+        )

@@ -1,0 +1,329 @@
+"""Streaming readers: bytes of one input file -> documents, or counted skips with reasons.
+
+Pure functions over a binary stream (Beam's `FileSystems.open` in the job, a plain file in tests).
+Compression is sniffed from magic bytes, not the file name; concatenated (multistream) bz2/gzip
+members read fully, and a truncated or corrupt stream ends the file with a `corrupt_compression`
+skip after every complete document before the damage has been emitted. Memory per file is bounded
+by `max_document_bytes`: a larger document is skipped, never held.
+
+Formats:
+- `wiki-xml`: MediaWiki `pages-articles` dump; each `<page>` is cut out and parsed on its own, so
+  one malformed page costs that page only.
+- `text`: a book; the whole file is one document, paragraphs separated by blank lines, hard-wrapped
+  lines joined. Project Gutenberg headers and licence footers are removed.
+- `lines`: google-research/bert's layout: one sentence per line, blank lines between documents.
+- `jsonl`: one JSON object per line with a `text` field (WikiExtractor `--json`, HF dataset exports);
+  `id` (if present) names the document.
+"""
+
+from __future__ import annotations
+
+import bz2
+import json
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterator, Union
+
+from pipeline.wikitext import parse_page, wikitext_to_paragraphs
+
+FORMATS = ("auto", "wiki-xml", "text", "lines", "jsonl")
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class RawDocument:
+    """`segments` are paragraphs to be split into sentences, or sentences if `presplit`."""
+
+    doc_id: str
+    segments: list[str]
+    presplit: bool = False
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A record (or file) left out, with the reason counted in the manifest."""
+
+    source: str
+    record_id: str
+    reason: str
+    detail: str = ""
+
+
+@dataclass
+class ReadStats:
+    """Non-skip events worth counting (documents repaired rather than dropped)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def inc(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+
+Record = Union[RawDocument, Skip]
+
+
+class CorruptStream(Exception):
+    """The compressed stream ends early or holds invalid data."""
+
+
+def decompressed_chunks(raw: BinaryIO) -> Iterator[bytes]:
+    """Uncompressed bytes of `raw`, sniffing bz2/gzip; raises `CorruptStream` on damage at the end."""
+    head = raw.read(CHUNK)
+    if head.startswith(b"BZh"):
+        make = bz2.BZ2Decompressor
+    elif head.startswith(b"\x1f\x8b"):
+        make = lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)  # noqa: E731  (gzip member)
+    else:
+        while head:
+            yield head
+            head = raw.read(CHUNK)
+        return
+    decomp = make()
+    buf = head
+    try:
+        while True:
+            if not buf:
+                buf = raw.read(CHUNK)
+                if not buf:
+                    break
+            out = decomp.decompress(buf)
+            if out:
+                yield out
+            buf = b""
+            if decomp.eof:
+                # Concatenated members (multistream dumps, `cat a.gz b.gz`): start a new decoder.
+                rest = decomp.unused_data
+                decomp = make()
+                buf = rest
+                if not buf:
+                    buf = raw.read(CHUNK)
+                    if not buf:
+                        return
+    except (OSError, EOFError, zlib.error, ValueError) as err:
+        raise CorruptStream(str(err)) from err
+    if not decomp.eof:
+        raise CorruptStream("compressed stream ends before its end marker (truncated file)")
+
+
+def sniff_format(sample: bytes) -> str:
+    """`wiki-xml`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file."""
+    head = sample[:65536].decode("utf-8", errors="replace")
+    stripped = head.lstrip("\ufeff \t\r\n")
+    if stripped.startswith("<mediawiki") or ("<page>" in head and "<revision>" in head):
+        return "wiki-xml"
+    if stripped.startswith("{"):
+        first = stripped.split("\n", 1)[0]
+        try:
+            if isinstance(json.loads(first), dict):
+                return "jsonl"
+        except ValueError:
+            pass
+    lines = [ln.strip() for ln in head.split("\n")[:-1] if ln.strip()]
+    if len(lines) >= 5:
+        # One sentence per line: almost every line ends a sentence. Hard-wrapped prose: few do.
+        enders = sum(ln.endswith((".", "!", "?", '"', "'", "\u201d", ")")) for ln in lines)
+        if enders / len(lines) >= 0.8:
+            return "lines"
+    return "text"
+
+
+def looks_binary(sample: bytes) -> bool:
+    """NUL bytes or mostly undecodable bytes in the first 8 KiB: not text."""
+    head = sample[:8192]
+    if not head:
+        return False
+    if b"\x00" in head:
+        return True
+    text = head.decode("utf-8", errors="replace")
+    return text.count("\ufffd") > 0.1 * len(text)
+
+
+def _decode(data: bytes, stats: ReadStats) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        # Repaired, not dropped: one bad byte should not cost a whole book.
+        stats.inc("documents_invalid_utf8_repaired")
+        return data.decode("utf-8", errors="replace")
+
+
+def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, stats: ReadStats) -> Iterator[Record]:
+    """Documents and skips of one input file, streaming."""
+    chunks = decompressed_chunks(raw)
+    try:
+        first = next(chunks, b"")
+    except CorruptStream as err:
+        yield Skip(source, source, "corrupt_compression", str(err))
+        return
+    if not first.strip():
+        yield Skip(source, source, "empty_file")
+        return
+    if looks_binary(first):
+        yield Skip(source, source, "binary_file")
+        return
+    if fmt == "auto":
+        fmt = sniff_format(first)
+    stats.inc(f"files_{fmt.replace('-', '_')}")
+
+    def stream() -> Iterator[bytes]:
+        yield first
+        yield from chunks
+
+    parsers = {"wiki-xml": _wiki_pages, "text": _book, "lines": _sentence_lines, "jsonl": _jsonl}
+    name = source.rsplit("/", 1)[-1]
+    try:
+        yield from parsers[fmt](stream(), name, source, max_document_bytes, stats)
+    except CorruptStream as err:
+        yield Skip(source, f"{name}@end", "corrupt_compression", str(err))
+
+
+def _lines(stream: Iterator[bytes], max_line: int) -> Iterator[bytes | None]:
+    """Lines without their newline; `None` for a line longer than `max_line` (skipped unread)."""
+    buf = b""
+    overlong = False
+    for chunk in stream:
+        buf += chunk
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            line, buf = buf[:nl], buf[nl + 1 :]
+            yield None if overlong else line.rstrip(b"\r")
+            overlong = False
+        if len(buf) > max_line:
+            overlong, buf = True, b""
+    if overlong:
+        yield None
+    elif buf:
+        yield buf.rstrip(b"\r")
+
+
+def _wiki_pages(stream, name, source, max_bytes, stats) -> Iterator[Record]:
+    buf = b""
+    for chunk in stream:
+        buf += chunk
+        while True:
+            start = buf.find(b"<page>")
+            if start < 0:
+                buf = buf[-8:]  # keep a possible partial "<page>" tag
+                break
+            end = buf.find(b"</page>", start)
+            if end < 0:
+                buf = buf[start:]
+                if len(buf) > max_bytes:
+                    # A page larger than the cap: drop what is held and resync at the next page.
+                    yield Skip(source, f"{name}@page", "document_too_large")
+                    buf = b""
+                break
+            page_xml, buf = buf[start : end + len(b"</page>")], buf[end + len(b"</page>") :]
+            yield from _wiki_page(page_xml, name, source, stats)
+
+
+def _wiki_page(page_xml: bytes, name: str, source: str, stats: ReadStats) -> Iterator[Record]:
+    try:
+        page = parse_page(page_xml)
+    except Exception as err:  # ElementTree raises ParseError and, on odd input, ValueError
+        match = re.search(rb"<id>\s*(\d+)\s*</id>", page_xml)
+        ident = match.group(1).decode() if match else "?"
+        yield Skip(source, f"{name}#{ident}", "malformed_xml", str(err)[:200])
+        return
+    doc_id = f"{name}#{page.page_id}"
+    if page.is_redirect:
+        yield Skip(source, doc_id, "wiki_redirect")
+    elif page.namespace != 0:
+        yield Skip(source, doc_id, "wiki_non_article_namespace")
+    else:
+        try:
+            paragraphs = wikitext_to_paragraphs(page.text)
+        except Exception as err:  # mwparserfromhell's ParserError, RecursionError on pathological nesting
+            yield Skip(source, doc_id, "wikitext_parse_error", f"{type(err).__name__}: {str(err)[:200]}")
+            return
+        if paragraphs:
+            yield RawDocument(doc_id, paragraphs)
+        else:
+            yield Skip(source, doc_id, "empty_document")
+
+
+_GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+_GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+
+
+def _book(stream, name, source, max_bytes, stats) -> Iterator[Record]:
+    parts, size = [], 0
+    for chunk in stream:
+        size += len(chunk)
+        if size > max_bytes:
+            for _ in stream:  # drain without holding
+                pass
+            yield Skip(source, name, "document_too_large", f"over {max_bytes} bytes")
+            return
+        parts.append(chunk)
+    text = _decode(b"".join(parts), stats).replace("\r\n", "\n")
+    start, end = _GUTENBERG_START.search(text), _GUTENBERG_END.search(text)
+    if start:
+        text = text[start.end() :]
+        end = _GUTENBERG_END.search(text)
+    if end:
+        text = text[: end.start()]
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+    paragraphs = [p for p in paragraphs if p]
+    if paragraphs:
+        yield RawDocument(name, paragraphs)
+    else:
+        yield Skip(source, name, "empty_document")
+
+
+def _sentence_lines(stream, name, source, max_bytes, stats) -> Iterator[Record]:
+    sentences: list[str] = []
+    size, index, too_large = 0, 0, False
+
+    def flush() -> Iterator[Record]:
+        doc_id = f"{name}:{index}"
+        if too_large:
+            yield Skip(source, doc_id, "document_too_large", f"over {max_bytes} bytes")
+        elif sentences:
+            yield RawDocument(doc_id, list(sentences), presplit=True)
+
+    for line in _lines(stream, max_bytes):
+        if line is None:
+            too_large = True
+            continue
+        if not line.strip():
+            if sentences or too_large:
+                yield from flush()
+                index += 1
+            sentences, size, too_large = [], 0, False
+            continue
+        size += len(line)
+        if size > max_bytes:
+            too_large, sentences = True, []
+        if not too_large:
+            sentences.append(_decode(line, stats).strip())
+    if sentences or too_large:
+        yield from flush()
+
+
+def _jsonl(stream, name, source, max_bytes, stats) -> Iterator[Record]:
+    for line_no, line in enumerate(_lines(stream, max_bytes), start=1):
+        fallback_id = f"{name}:{line_no}"
+        if line is None:
+            yield Skip(source, fallback_id, "document_too_large", f"over {max_bytes} bytes")
+            continue
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(_decode(line, stats))
+        except ValueError as err:
+            yield Skip(source, fallback_id, "malformed_json", str(err)[:200])
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            yield Skip(source, fallback_id, "json_without_text")
+            continue
+        doc_id = f"{name}:{obj['id']}" if isinstance(obj.get("id"), (str, int)) else fallback_id
+        paragraphs = [" ".join(p.split()) for p in obj["text"].split("\n")]
+        paragraphs = [p for p in paragraphs if p]
+        if paragraphs:
+            yield RawDocument(doc_id, paragraphs)
+        else:
+            yield Skip(source, doc_id, "empty_document")

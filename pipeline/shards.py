@@ -1,0 +1,161 @@
+"""`WriteShards`: the Beam sink that turns instances into balanced, shuffled Arrow (or Parquet) shards.
+
+Each instance carries a 64-bit key hashed from (seed, doc id, dupe, index). The key picks the shard
+(`key mod num_shards`, balanced in expectation) and orders rows inside it (a deterministic shuffle),
+so a shard's bytes depend only on its rows: 1 or N workers, any bundling, give identical files.
+A shard is written by the worker that holds its group, through `FileSystems` (remote outputs work);
+nothing is collected on the driver. Shard counts come from a side input of per-split instance counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import math
+from typing import Iterable, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from pipeline.instances import Instance
+from pipeline.nsp import HELDOUT, TRAIN
+
+log = logging.getLogger(__name__)
+
+SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("token_type_ids", pa.list_(pa.int8())),
+        ("masked_lm_positions", pa.list_(pa.int32())),
+        ("masked_lm_ids", pa.list_(pa.int32())),
+        ("next_sentence_label", pa.int8()),
+        ("length", pa.int32()),
+        ("doc_id", pa.string()),
+    ]
+)
+BATCH_ROWS = 1024
+SUFFIX = {"arrow": "arrow", "parquet": "parquet"}
+
+
+def shard_name(split: str, index: int, count: int, shard_format: str) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}.{SUFFIX[shard_format]}"
+
+
+def _list_array(arrays: Sequence[np.ndarray], dtype) -> pa.ListArray:
+    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def instances_to_table(instances: Sequence[Instance]) -> pa.Table:
+    columns = [
+        _list_array([i.input_ids for i in instances], np.int32),
+        _list_array([i.token_type_ids for i in instances], np.int8),
+        _list_array([i.masked_lm_positions for i in instances], np.int32),
+        _list_array([i.masked_lm_ids for i in instances], np.int32),
+        pa.array(np.array([i.next_sentence_label for i in instances], dtype=np.int8)),
+        pa.array(np.array([i.input_ids.size for i in instances], dtype=np.int32)),
+        pa.array([i.doc_id for i in instances], type=pa.string()),
+    ]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
+def encode_shard(instances: Sequence[Instance], shard_format: str) -> bytes:
+    """A shard's bytes: a pure function of its ordered rows (fixed batch size, no timestamps)."""
+    table = instances_to_table(instances)
+    buf = io.BytesIO()
+    if shard_format == "arrow":
+        with pa.ipc.new_file(buf, SCHEMA) as writer:
+            for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+                writer.write_batch(batch)
+    else:
+        pq.write_table(table, buf, row_group_size=BATCH_ROWS * 16, compression="zstd")
+    return buf.getvalue()
+
+
+def shard_counts(instance_counts: dict, num_shards: int, instances_per_shard: int) -> dict[str, int]:
+    """Shards per split: train gets `num_shards` (or enough for `instances_per_shard` if 0); heldout
+    shards hold about as many rows as train shards."""
+    n_train = instance_counts.get(TRAIN, 0)
+    n_heldout = instance_counts.get(HELDOUT, 0)
+    train = num_shards or max(1, math.ceil(n_train / instances_per_shard))
+    per_shard = max(1, math.ceil(n_train / train)) if n_train else instances_per_shard
+    out = {TRAIN: train}
+    if n_heldout:
+        out[HELDOUT] = max(1, math.ceil(n_heldout / per_shard))
+    return out
+
+
+class _AssignShard(beam.DoFn):
+    def __init__(self, num_shards: int, instances_per_shard: int):
+        self.num_shards = num_shards
+        self.instances_per_shard = instances_per_shard
+
+    def process(self, element, counts) -> Iterable:
+        split, key, inst = element
+        n = shard_counts(counts, self.num_shards, self.instances_per_shard)[split]
+        yield (split, key[0] % n), (key, inst)
+
+
+def _all_shard_keys(_, counts, num_shards: int, instances_per_shard: int) -> Iterable:
+    # Every shard exists, even one no instance hashed to (tiny corpora), so names stay `-of-N` true.
+    for split, n in shard_counts(counts, num_shards, instances_per_shard).items():
+        for index in range(n):
+            yield (split, index), None
+
+
+class _WriteShardFn(beam.DoFn):
+    def __init__(self, out_dir: str, shard_format: str, num_shards: int, instances_per_shard: int):
+        self.out_dir = out_dir
+        self.shard_format = shard_format
+        self.num_shards = num_shards
+        self.instances_per_shard = instances_per_shard
+        self.written = Metrics.counter("corpus", "shards_written")
+
+    def process(self, keyed, counts) -> Iterable:
+        (split, index), values = keyed
+        rows = sorted((v for v in values if v is not None), key=lambda kv: kv[0])
+        count = shard_counts(counts, self.num_shards, self.instances_per_shard)[split]
+        name = shard_name(split, index, count, self.shard_format)
+        data = encode_shard([inst for _, inst in rows], self.shard_format)
+        # Retries rewrite the same bytes to the same name, so a plain create is idempotent.
+        with FileSystems.create(FileSystems.join(self.out_dir, name)) as f:
+            f.write(data)
+        self.written.inc()
+        log.info("wrote %s (%d instances)", name, len(rows))
+        yield {"path": name, "split": split, "num_instances": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+class WriteShards(beam.PTransform):
+    """`(split, sort_key, Instance)` -> shard files under `out_dir`; outputs one info dict per shard."""
+
+    def __init__(self, out_dir: str, shard_format: str = "arrow", num_shards: int = 0, instances_per_shard: int = 100_000):
+        super().__init__()
+        if shard_format not in SUFFIX:
+            raise ValueError(f"shard format {shard_format!r} is not one of {', '.join(SUFFIX)}")
+        self.args = (out_dir, shard_format, num_shards, instances_per_shard)
+
+    def expand(self, instances):
+        out_dir, shard_format, num_shards, per_shard = self.args
+        counts = beam.pvalue.AsDict(
+            instances | "SplitOf" >> beam.Map(lambda e: (e[0], 1)) | "CountPerSplit" >> beam.CombinePerKey(sum)
+        )
+        keyed = instances | "AssignShard" >> beam.ParDo(_AssignShard(num_shards, per_shard), counts=counts)
+        every_shard = (
+            instances.pipeline
+            | "One" >> beam.Create([None])
+            | "AllShardKeys" >> beam.FlatMap(_all_shard_keys, counts, num_shards, per_shard)
+        )
+        return (
+            (keyed, every_shard)
+            | "WithEmptyShards" >> beam.Flatten()
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteShard" >> beam.ParDo(_WriteShardFn(out_dir, shard_format, num_shards, per_shard), counts=counts)
+        )

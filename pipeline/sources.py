@@ -1,0 +1,125 @@
+"""Input expansion (driver side, before any work) and the `ReadDocuments` PTransform.
+
+Files are read through Beam's `FileSystems`, so `gs://`, `s3://`, `hdfs://` inputs work wherever
+the runner has the filesystem installed. Decompression is ours (see `pipeline.readers`) so that a
+truncated archive is detected and counted instead of silently ending early.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable, Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from pipeline.readers import RawDocument, ReadStats, Skip, read_file
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER = "dead_letter"
+# Expected filtering, counted but not dead-lettered (a dump is half redirects).
+FILTERED_REASONS = frozenset({"wiki_redirect", "wiki_non_article_namespace"})
+# Written next to downloaded data by `bertpipe download` and checksum tools: never corpus text.
+_IGNORED_SUFFIXES = (".json", ".part", ".partial", ".sha1", ".md5", ".sha256", ".tmp")
+_IGNORED_NAMES = ("sha1sums.txt", "md5sums.txt", "sha256sums.txt")
+
+
+def _ignored(path: str) -> bool:
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    lower = name.lower()
+    return (
+        name.startswith(".")
+        or lower.endswith(_IGNORED_SUFFIXES)
+        or lower.endswith(_IGNORED_NAMES)
+        or "multistream-index" in lower  # byte offsets of a multistream dump, not text
+    )
+
+
+def expand_inputs(patterns: Sequence[str]) -> list[str]:
+    """Sorted, de-duplicated files named by paths, globs and (recursively) directories.
+
+    Raises `ValueError` naming the first input that matches nothing or cannot be read.
+    """
+    files: set[str] = set()
+    for pattern in patterns:
+        if os.path.isdir(pattern):
+            found = []
+            for root, dirs, names in os.walk(pattern):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found += [os.path.join(root, n) for n in names if not _ignored(n)]
+            if not found:
+                raise ValueError(f"input directory {pattern} holds no input files (hidden, *.json, *.part, checksum files are ignored)")
+            files.update(found)
+            continue
+        try:
+            result = FileSystems.match([pattern])[0]
+        except Exception as err:  # Beam raises BeamIOError for unknown schemes and bad patterns
+            raise ValueError(f"input {pattern}: {err}") from err
+        matched = [m.path for m in result.metadata_list if not _ignored(m.path)]
+        if not matched and "://" in pattern:
+            # A remote "directory": match everything under it.
+            result = FileSystems.match([pattern.rstrip("/") + "/**"])[0]
+            matched = [m.path for m in result.metadata_list if not _ignored(m.path)]
+        if not matched:
+            raise ValueError(f"input {pattern} matches no file; give existing files, directories or globs")
+        files.update(matched)
+    for path in sorted(files):
+        if "://" not in path and not os.access(path, os.R_OK):
+            raise ValueError(f"input file {path} is not readable (check its permissions)")
+    return sorted(files)
+
+
+class _ReadFileFn(beam.DoFn):
+    def __init__(self, fmt: str, max_document_bytes: int):
+        self.fmt = fmt
+        self.max_document_bytes = max_document_bytes
+        self.documents = Metrics.counter("corpus", "documents_read")
+        self.files = Metrics.counter("corpus", "files_read")
+
+    def process(self, path: str) -> Iterable:
+        stats = ReadStats()
+        n_docs = 0
+        try:
+            handle = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        except Exception as err:  # the file vanished or became unreadable after expansion
+            skip = Skip(path, path, "unreadable_file", str(err)[:200])
+            Metrics.counter("corpus", "skipped_unreadable_file").inc()
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, skip)
+            return
+        with handle:
+            for record in read_file(handle, path, self.fmt, self.max_document_bytes, stats):
+                if isinstance(record, RawDocument):
+                    n_docs += 1
+                    self.documents.inc()
+                    yield record
+                else:
+                    Metrics.counter("corpus", f"skipped_{record.reason}").inc()
+                    if record.reason not in FILTERED_REASONS:
+                        yield beam.pvalue.TaggedOutput(DEAD_LETTER, record)
+        for name, value in stats.counts.items():
+            Metrics.counter("corpus", name).inc(value)
+        self.files.inc()
+        log.info("read %d documents from %s", n_docs, path)
+
+
+class ReadDocuments(beam.PTransform):
+    """File paths -> `RawDocument`s (main output) and `Skip`s (tagged `dead_letter`)."""
+
+    def __init__(self, fmt: str = "auto", max_document_bytes: int = 16_000_000):
+        super().__init__()
+        self.fmt = fmt
+        self.max_document_bytes = max_document_bytes
+
+    def expand(self, paths):
+        return (
+            paths
+            # Spread files over workers before the expensive read.
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadFiles" >> beam.ParDo(_ReadFileFn(self.fmt, self.max_document_bytes)).with_outputs(
+                DEAD_LETTER, main="documents"
+            )
+        )

@@ -1,0 +1,82 @@
+"""Unit tests of NSP instance creation (create_pretraining_data.py semantics) with a fixed rng."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.instances import InstanceSettings, create_instances_from_document, truncate_seq_pair
+from pipeline.masking import MaskingVocab
+
+TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(200)]
+VOCAB = MaskingVocab.from_tokens(TOKENS)
+CLS, SEP = 2, 3
+
+
+def document(start: int, lengths: list[int]) -> list[np.ndarray]:
+    """Sentences of consecutive ids, so contiguity in the document is contiguity of ids."""
+    out, x = [], start
+    for n in lengths:
+        out.append(np.arange(x, x + n, dtype=np.int32))
+        x += n
+    return out
+
+
+def test_golden_instances():
+    docs = [document(5, [3, 4, 2, 5]), document(20, [4, 3, 6])]
+    settings = InstanceSettings(seq_len=12, short_seq_prob=0.0, max_predictions=2, cls_id=CLS, sep_id=SEP)
+    made = create_instances_from_document(0, docs, ["a", "b"], settings, VOCAB, np.random.default_rng(5))
+    got = [(i.input_ids.tolist(), i.token_type_ids.tolist(), i.masked_lm_positions.tolist(), i.masked_lm_ids.tolist(),
+            i.next_sentence_label) for i in made]
+    assert got == [
+        ([2, 5, 6, 7, 3, 8, 4, 10, 11, 12, 13, 3], [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [6], [9], 0),
+        # The last sentence alone: B must be random (from document b); target 9 - 5 = 4 tokens.
+        ([2, 14, 15, 16, 17, 4, 3, 20, 21, 22, 23, 3], [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1], [5], [18], 1),
+    ]
+    assert all(i.doc_id == "a" for i in made)
+
+
+def test_truncate_seq_pair():
+    # Longer side first, from a random end; the draws are the same with keep_junction.
+    assert truncate_seq_pair(10, 6, 12, np.random.default_rng(0)) == (3, 1, 0, 0)
+    assert truncate_seq_pair(10, 6, 12, np.random.default_rng(0), keep_junction=True) == (4, 0, 0, 0)
+    assert truncate_seq_pair(3, 3, 12, np.random.default_rng(0)) == (0, 0, 0, 0)
+    # Both sides shrink once they are level; B loses only its back with keep_junction.
+    a_front, a_back, b_front, b_back = truncate_seq_pair(8, 8, 10, np.random.default_rng(1), keep_junction=True)
+    assert (a_back, b_front) == (0, 0) and a_front + b_back == 6 and 8 - a_front >= 4 and 8 - b_back >= 4
+    # A pathological 50k-token sentence is linear, not quadratic.
+    assert sum(truncate_seq_pair(50_000, 1, 125, np.random.default_rng(0))) == 49_876
+
+
+def test_properties_on_random_documents():
+    rng = np.random.default_rng(11)
+    docs, start = [], 5
+    for _ in range(6):
+        lengths = rng.integers(1, 40, size=rng.integers(1, 30)).tolist()
+        docs.append(document(start, lengths))
+        start += sum(lengths)
+    assert start < 20000
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(start)]
+    vocab = MaskingVocab.from_tokens(tokens)
+    ids = [f"d{i}" for i in range(len(docs))]
+    settings = InstanceSettings(seq_len=64, short_seq_prob=0.2, max_predictions=8, cls_id=CLS, sep_id=SEP)
+    total = 0
+    for index in range(len(docs)):
+        own = np.concatenate(docs[index])
+        for dupe in range(3):
+            for inst in create_instances_from_document(index, docs, ids, settings, vocab, np.random.default_rng(dupe)):
+                total += 1
+                ids_ = inst.input_ids.copy()
+                ids_[inst.masked_lm_positions] = inst.masked_lm_ids
+                assert ids_.size <= 64 and ids_[0] == CLS and ids_[-1] == SEP
+                (seps,) = np.nonzero(ids_ == SEP)
+                assert seps.size == 2
+                a, b = ids_[1 : seps[0]], ids_[seps[0] + 1 : -1]
+                assert a.size >= 1 and b.size >= 1
+                assert inst.token_type_ids.tolist() == [0] * (a.size + 2) + [1] * (b.size + 1)
+                assert inst.masked_lm_positions.size <= 8
+                assert np.all(np.diff(a) == 1) and np.all(np.diff(b) == 1)  # each segment contiguous
+                if inst.next_sentence_label == 0:
+                    # A then B is one contiguous run of this document.
+                    run = np.concatenate([a, b])
+                    assert np.all(np.diff(run) == 1) and own[0] <= run[0] and run[-1] <= own[-1]
+    assert total > 50

@@ -1,0 +1,180 @@
+"""Readers on real and deliberately broken input: formats, compression, skips by reason."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import os
+
+import pytest
+
+from pipeline.readers import RawDocument, ReadStats, Skip, read_file, sniff_format
+from pipeline.sources import expand_inputs
+from pipeline.wikitext import wikitext_to_paragraphs
+
+MAX = 16_000_000
+
+
+def read(data: bytes, fmt: str = "auto", source: str = "mem/f.txt", max_bytes: int = MAX):
+    stats = ReadStats()
+    records = list(read_file(io.BytesIO(data), source, fmt, max_bytes, stats))
+    docs = [r for r in records if isinstance(r, RawDocument)]
+    skips = [r for r in records if isinstance(r, Skip)]
+    return docs, skips, stats.counts
+
+
+PAGE = """<page><title>{title}</title><ns>{ns}</ns><id>{id}</id>{redirect}<revision><id>1</id>
+<text xml:space="preserve">{text}</text></revision></page>
+"""
+
+
+def wiki(*pages: str) -> bytes:
+    return ("<mediawiki xmlns=\"http://www.mediawiki.org/xml/export-0.10/\">\n" + "".join(pages) + "</mediawiki>\n").encode()
+
+
+def page(id_: int, text: str, ns: int = 0, redirect: bool = False) -> str:
+    return PAGE.format(title=f"T{id_}", ns=ns, id=id_, redirect='<redirect title="X" />' if redirect else "", text=text)
+
+
+PROSE = "The quick brown fox jumps over the lazy dog. It was a very sunny day in the valley."
+
+
+def test_real_wiki_dump_articles_only(data_dir):
+    path = data_dir / "wiki" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+    with open(path, "rb") as f:
+        records = list(read_file(f, str(path), "auto", MAX, ReadStats()))
+    docs = [r for r in records if isinstance(r, RawDocument)]
+    reasons = [r.reason for r in records if isinstance(r, Skip)]
+    assert len(docs) == 106 and reasons.count("wiki_redirect") == 100
+    text = "\n".join(docs[0].segments)
+    assert docs[0].doc_id.endswith("#12") and text.startswith("Anarchism is a political philosophy")
+    # No templates, tables, references or category links survive.
+    for doc in docs:
+        joined = "\n".join(doc.segments)
+        for markup in ("{{", "}}", "{|", "<ref", "[[Category:", "Category:", "[[File:", "thumb|"):
+            assert markup not in joined, (doc.doc_id, markup)
+
+
+def test_wikitext_markup_removed():
+    text = ("{{Infobox person|name=X}}'''Ada''' was a [[mathematician|maths person]].<ref>cite</ref> "
+            "She wrote notes on the [[Analytical Engine]] in 1843.\n{| class=wikitable\n|a||b\n|}\n"
+            "[[Category:Mathematicians]]\n== References ==\nSome reference text that is long enough.")
+    assert wikitext_to_paragraphs(text) == [
+        "Ada was a maths person. She wrote notes on the Analytical Engine in 1843."
+    ]
+
+
+def test_redirects_namespaces_and_malformed_pages_are_counted():
+    data = wiki(
+        page(1, PROSE),
+        page(2, "#REDIRECT [[Foo]]", redirect=True),
+        page(3, PROSE, ns=10),
+        "<page><title>Broken</title><ns>0</ns><id>4</id><revision><text>unclosed <b></text></page>\n",
+        page(5, "{{stub}}"),
+        page(6, PROSE + " Second & last."),  # a bare '&' is malformed XML
+        page(7, PROSE),
+    )
+    docs, skips, _ = read(data)
+    assert [d.doc_id for d in docs] == ["f.txt#1", "f.txt#7"]
+    assert {(s.record_id, s.reason) for s in skips} == {
+        ("f.txt#2", "wiki_redirect"), ("f.txt#3", "wiki_non_article_namespace"), ("f.txt#4", "malformed_xml"),
+        ("f.txt#5", "empty_document"), ("f.txt#6", "malformed_xml"),
+    }
+
+
+def test_multistream_bz2_and_gzip_read_fully():
+    pages = [page(i, PROSE) for i in range(1, 7)]
+    # Wikipedia's multistream dumps: one bz2 stream per block of pages, concatenated.
+    multi = b"".join(bz2.compress(wiki(*pages[i : i + 2]).decode().encode()) for i in range(0, 6, 2))
+    docs, skips, _ = read(multi)
+    assert [d.doc_id for d in docs] == [f"f.txt#{i}" for i in range(1, 7)] and not skips
+    gz = gzip.compress(b"one.\n\n") + gzip.compress(("\n".join([PROSE] * 3) + "\n").encode())
+    docs, skips, _ = read(gz, fmt="lines")
+    assert len(docs) == 2 and not skips
+
+
+def test_truncated_and_corrupt_compression_keep_complete_documents():
+    pages = [page(i, f"{PROSE} Page {i}. " * 30) for i in range(1, 200)]
+    data = bz2.compress(wiki(*pages), compresslevel=1)  # 100 kB blocks: several in this file
+    docs, skips, _ = read(data[: len(data) * 2 // 3])
+    assert 0 < len(docs) < 199 and [s.reason for s in skips] == ["corrupt_compression"]
+    assert [d.doc_id for d in docs] == [f"f.txt#{i}" for i in range(1, len(docs) + 1)]
+    # A corrupt gzip member after a good one.
+    gz = gzip.compress(("\n".join([PROSE] * 3) + "\n\n").encode()) + b"\x1f\x8b\x08\x00garbage-bytes"
+    docs, skips, _ = read(gz, fmt="lines")
+    assert [s.reason for s in skips] == ["corrupt_compression"]
+    truncated = gzip.compress(" ".join(str(i * 7919) for i in range(100000)).encode())[:5000]
+    docs, skips, _ = read(truncated, fmt="text")
+    assert not docs and [s.reason for s in skips] == ["corrupt_compression"]
+
+
+def test_invalid_utf8_is_repaired_not_dropped():
+    docs, skips, counts = read(PROSE.encode() + b" caf\xe9 \xff\xfe end.\n\n" + PROSE.encode(), fmt="text")
+    assert len(docs) == 1 and not skips and counts["documents_invalid_utf8_repaired"] == 1
+    assert "\ufffd" in docs[0].segments[0]
+
+
+def test_binary_and_empty_files_are_skipped():
+    _, skips, _ = read(bytes(range(256)) * 40)
+    assert [s.reason for s in skips] == ["binary_file"]
+    _, skips, _ = read(b"\n\n  \n")
+    assert [s.reason for s in skips] == ["empty_file"]
+
+
+def test_huge_single_line_document_is_skipped_without_losing_others():
+    huge = b"word " * (10_000_000 // 5)  # a 10 MB line, no newline inside
+    data = PROSE.encode() + b"\n\n" + huge + b"\n\n" + PROSE.encode() + b"\nEnd here.\n"
+    docs, skips, _ = read(data, fmt="lines", max_bytes=1_000_000)
+    assert [d.doc_id for d in docs] == ["f.txt:0", "f.txt:2"]
+    assert [(s.record_id, s.reason) for s in skips] == [("f.txt:1", "document_too_large")]
+    docs, skips, _ = read(huge, fmt="text", max_bytes=1_000_000)
+    assert not docs and skips[0].reason == "document_too_large"
+
+
+def test_jsonl_and_sentence_lines():
+    lines = [json.dumps({"id": "a", "text": PROSE + "\n" + PROSE}), "{broken", json.dumps({"title": "no text"}),
+             json.dumps({"text": "   "}), json.dumps({"text": PROSE})]
+    docs, skips, _ = read("\n".join(lines).encode() + b"\n")
+    assert [d.doc_id for d in docs] == ["f.txt:a", "f.txt:5"] and len(docs[0].segments) == 2
+    assert [s.reason for s in skips] == ["malformed_json", "json_without_text", "empty_document"]
+    original = "First sentence here.\nSecond one.\nThird one!\n\nOther doc first.\nOther doc second.\n"
+    assert sniff_format(original.encode() * 3) == "lines"
+    docs, _, _ = read(original.encode())
+    assert docs[0].presplit and docs[0].segments == ["First sentence here.", "Second one.", "Third one!"]
+
+
+def test_book_paragraphs_and_gutenberg_header(data_dir):
+    path = data_dir / "books" / "persuasion.txt"
+    docs, skips, counts = read(path.read_bytes(), source=str(path))
+    assert counts == {"files_text": 1} and not skips
+    (doc,) = docs
+    assert doc.doc_id == "persuasion.txt" and not doc.presplit
+    # Hard-wrapped lines are joined into paragraphs.
+    assert any(p.startswith("Sir Walter Elliot, of Kellynch Hall, in Somersetshire, was a man who, for his own") for p in doc.segments)
+    wrapped = b"*** START OF THE PROJECT GUTENBERG EBOOK X ***\n" + PROSE.encode() + b"\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicence text."
+    docs, _, _ = read(wrapped, fmt="text")
+    assert docs[0].segments == [PROSE]
+
+
+def test_expand_inputs_directory_recursive(tmp_path, data_dir):
+    (tmp_path / "wiki").mkdir()
+    (tmp_path / "wiki" / "part1.bz2").write_bytes(b"x")
+    (tmp_path / "books" / "deep").mkdir(parents=True)
+    (tmp_path / "books" / "deep" / "a.txt").write_text("a")
+    for ignored in ("download.json", "b.txt.part", "c.partial", "sums.sha1", "x.md5", ".hidden.txt",
+                    "enwiki-20260101-sha1sums.txt", "enwiki-20260101-pages-articles-multistream-index.txt.bz2",
+                    "b.txt.123.partial", "x.bz2.part.json"):
+        (tmp_path / "books" / ignored).write_text("ignored")
+    files = expand_inputs([str(tmp_path), str(data_dir / "books" / "*.txt")])
+    assert files == sorted(files)
+    mine = [os.path.relpath(f, tmp_path) for f in files if f.startswith(str(tmp_path))]
+    assert mine == ["books/deep/a.txt", "wiki/part1.bz2"]
+    assert sorted(os.path.basename(f) for f in files if not f.startswith(str(tmp_path))) == [
+        "northangerabbey.txt", "persuasion.txt"]
+    with pytest.raises(ValueError, match="matches no file"):
+        expand_inputs([str(tmp_path / "missing.txt")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no input files"):
+        expand_inputs([str(tmp_path / "empty")])

@@ -1,0 +1,136 @@
+"""One Beam `TestPipeline` + `assert_that` test per PTransform of the corpus job."""
+
+from __future__ import annotations
+
+import bz2
+import json
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipeline.instances import Instance, InstanceSettings
+from pipeline.masking import MaskingVocab
+from pipeline.nsp import CreateInstances, SplitSettings
+from pipeline.readers import RawDocument
+from pipeline.shards import WriteShards, shard_name
+from pipeline.inspect_corpus import read_shard
+from pipeline.sources import DEAD_LETTER, ReadDocuments
+from pipeline.tokenize import TokenizeDocuments, TokenizedDocument, build_tokenizer
+from pipeline.vocab_training import CountWords
+
+PROSE = "The quick brown fox jumps over the lazy dog. It was a very sunny day in the valley."
+
+
+def pipeline() -> BeamTestPipeline:
+    return BeamTestPipeline(runner="FnApiRunner")
+
+
+def test_read_documents(tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text(f"{PROSE}\n\n{PROSE}\n", encoding="utf-8")
+    lines = tmp_path / "lines.txt.bz2"
+    lines.write_bytes(bz2.compress(b"One sentence here.\nTwo sentences here.\nThree of them!\nFour, yes.\nFive.\n\nNext doc.\n"))
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(bytes(range(256)) * 10)
+    with pipeline() as p:
+        out = p | beam.Create([str(book), str(lines), str(binary)]) | ReadDocuments()
+        assert_that(
+            out.documents | "Ids" >> beam.Map(lambda d: (d.doc_id, len(d.segments), d.presplit)),
+            equal_to([("book.txt", 2, False), ("lines.txt.bz2:0", 5, True), ("lines.txt.bz2:1", 1, True)]),
+        )
+        assert_that(
+            out[DEAD_LETTER] | "Reasons" >> beam.Map(lambda s: (s.record_id.rsplit("/", 1)[-1], s.reason)),
+            equal_to([("blob.bin", "binary_file")]),
+            label="DeadLetters",
+        )
+
+
+def test_tokenize_documents(data_dir):
+    vocab_text = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text(encoding="utf-8")
+    tok = build_tokenizer(vocab_text, lowercase=True)
+    expected = [e.ids for e in tok.encode_batch(["The quick brown fox jumps over the lazy dog.",
+                                                 "It was a very sunny day in the valley."], add_special_tokens=False)]
+    docs = [RawDocument("a", [PROSE]), RawDocument("empty", ["   "]), RawDocument("b", ["Hello there.", "General Kenobi!"], presplit=True)]
+    with pipeline() as p:
+        out = p | beam.Create(docs) | TokenizeDocuments(vocab_text, lowercase=True)
+        assert_that(
+            out.documents | beam.Map(lambda d: (d.doc_id, [s.tolist() for s in d.sentences])),
+            equal_to([("a", expected), ("b", [[7592, 2045, 1012], [2236, 6358, 16429, 2072, 999]])]),
+        )
+        assert_that(out[DEAD_LETTER] | "Reasons" >> beam.Map(lambda s: (s.record_id, s.reason)),
+                    equal_to([("empty", "empty_document")]), label="Empty")
+
+
+def _synthetic_docs(n_docs: int) -> list[TokenizedDocument]:
+    rng = np.random.default_rng(0)
+    return [
+        TokenizedDocument(f"doc{i:03d}", [rng.integers(1000, 2000, size=rng.integers(5, 20)).astype(np.int32) for _ in range(12)])
+        for i in range(n_docs)
+    ]
+
+
+def test_create_instances_splits_buckets_and_dupes(data_dir):
+    vocab = MaskingVocab.from_vocab_file(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    docs = _synthetic_docs(40)
+    settings = InstanceSettings(seq_len=32, short_seq_prob=0.0)
+    split = SplitSettings(seed=7, heldout_fraction=0.1, docs_per_bucket=8, dupe_factor=2)
+
+    def check(elements):
+        by_doc: dict[str, set] = {}
+        for split_name, key, inst in elements:
+            assert isinstance(inst, Instance) and inst.input_ids.size <= 32
+            assert key[1] == inst.doc_id and key[2] in (0, 1)
+            by_doc.setdefault(inst.doc_id, set()).add((split_name, key[2]))
+        assert set(by_doc) == {d.doc_id for d in docs}  # no document lost
+        heldout = {d for d, v in by_doc.items() if ("heldout", 0) in v}
+        assert 1 <= len(heldout) <= 12 and all({s for s, _ in by_doc[d]} == {"heldout"} for d in heldout)
+        assert all({k for _, k in v} == {0, 1} for v in by_doc.values())  # both dupes of every document
+
+    with pipeline() as p:
+        out = p | beam.Create(docs) | CreateInstances(split, settings, vocab)
+        assert_that(out, check)
+
+
+def _instance(doc: str, n: int) -> Instance:
+    return Instance(doc, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int8), np.array([1], dtype=np.int32),
+                    np.array([7], dtype=np.int32), n % 2)
+
+
+def test_write_shards_balanced_sorted_and_complete(tmp_path):
+    elements = [("train", (int(k), f"d{k % 7}", 0, int(k)), _instance(f"d{k % 7}", 3 + k % 5)) for k in range(200)]
+    elements.append(("heldout", (5, "h", 0, 0), _instance("h", 4)))
+
+    def check(infos):
+        infos = sorted(infos, key=lambda s: s["path"])
+        assert [s["path"] for s in infos] == [shard_name("heldout", 0, 1, "arrow")] + [
+            shard_name("train", i, 4, "arrow") for i in range(4)
+        ]
+        assert [s["num_instances"] for s in infos] == [1, 50, 50, 50, 50]
+
+    with pipeline() as p:
+        infos = p | beam.Create(elements) | WriteShards(str(tmp_path), "arrow", num_shards=4)
+        assert_that(infos, check)
+    table = read_shard(tmp_path / "train-00001-of-00004.arrow")
+    # Rows of shard 1 are the keys = 1 mod 4, in key order.
+    assert table.column("doc_id").to_pylist() == [f"d{k % 7}" for k in range(1, 200, 4)]
+    assert table.column("length").to_pylist() == [3 + k % 5 for k in range(1, 200, 4)]
+    assert str(table.schema.field("input_ids").type) == "list<item: int32>"
+
+
+def test_write_shards_makes_empty_shards(tmp_path):
+    elements = [("train", (0, "d", 0, 0), _instance("d", 3))]
+    with pipeline() as p:
+        infos = p | beam.Create(elements) | WriteShards(str(tmp_path), "parquet", num_shards=3)
+        assert_that(infos | beam.Map(lambda s: (s["path"], s["num_instances"])), equal_to(
+            [("train-00000-of-00003.parquet", 1), ("train-00001-of-00003.parquet", 0), ("train-00002-of-00003.parquet", 0)]))
+    assert read_shard(tmp_path / "train-00002-of-00003.parquet").num_rows == 0
+
+
+def test_count_words():
+    docs = [RawDocument("a", ["The cat sat. The cat ran!"]), RawDocument("b", ["the CAT, once."])]
+    with pipeline() as p:
+        counts = p | beam.Create(docs) | CountWords(lowercase=True, min_frequency=2)
+        assert_that(counts, equal_to([("the", 3), ("cat", 3), (".", 2)]))
+    assert json.dumps(["the", 3])  # the job writes counts as JSON pairs
