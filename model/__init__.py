@@ -2,4 +2,40 @@
 
 Nothing in this package imports torch.distributed, deepspeed, ray, apache_beam or argparse
 (tests/test_model_imports.py keeps it so): parallelism and launching are applied from outside.
+
+    from model import BertConfig, BertForPreTraining, apply_activation_checkpointing
+    model = BertForPreTraining(BertConfig.preset("base", unpad=True, pad_vocab_multiple=64))
+    apply_activation_checkpointing(model)          # optional, from the trainer
+    out = model(input_ids, token_type_ids, attention_mask, masked_lm_positions)
 """
+
+from model.bert import BertModel, BertOutput, BertForPreTraining, PreTrainingOutput
+from model.checkpointing import apply_activation_checkpointing
+from model.config import BertConfig
+from model.fused import compile_fast_paths
+from model.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    SpanLogits,
+)
+from model.hf import LoadReport, load_pretrained, save_pretrained
+
+__all__ = [
+    "BertConfig",
+    "BertModel",
+    "BertOutput",
+    "BertForPreTraining",
+    "PreTrainingOutput",
+    "BertForSequenceClassification",
+    "BertForQuestionAnswering",
+    "BertForTokenClassification",
+    "BertForMultipleChoice",
+    "SpanLogits",
+    "LoadReport",
+    "load_pretrained",
+    "save_pretrained",
+    "apply_activation_checkpointing",
+    "compile_fast_paths",
+]

@@ -1,0 +1,344 @@
+"""Hugging Face checkpoint interop through a state-dict adapter (names, fused QKV, vocab padding).
+
+Our modules keep their own names (`encoder.layers.3.attention.qkv`); this file maps them to and from
+HF's (`encoder.layer.3.attention.self.{query,key,value}`) instead of bending the model to match.
+
+Loading accepts `config.json` + `model.safetensors` (or a sharded `model.safetensors.index.json`,
+or `pytorch_model.bin` read with `weights_only=True`), tensor names with or without the `bert.`
+prefix, with or without `cls.*` / task heads: heads the checkpoint lacks are initialised and listed
+in the returned `LoadReport`. Checkpoints whose embedding matrix is padded beyond the real vocabulary
+(NVIDIA's 30528 rows for the 30522-token vocab) are trimmed to the size `vocab.txt` says.
+Saving writes a directory `transformers.BertForPreTraining.from_pretrained` (or the matching task
+class) loads with no missing or unexpected keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from model.bert import BertForPreTraining, BertModel
+from model.config import BertConfig
+from model.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=nn.Module)
+
+# Our class -> HF architecture name written to config.json.
+_ARCHITECTURES: dict[type, str] = {
+    BertModel: "BertModel",
+    BertForPreTraining: "BertForPreTraining",
+    BertForSequenceClassification: "BertForSequenceClassification",
+    BertForQuestionAnswering: "BertForQuestionAnswering",
+    BertForTokenClassification: "BertForTokenClassification",
+    BertForMultipleChoice: "BertForMultipleChoice",
+}
+
+# Per-layer renames: HF suffix after `encoder.layer.N.` <-> ours after `encoder.layers.N.`.
+_LAYER_MAP = {
+    "attention.output.dense": "attention.out",
+    "attention.output.LayerNorm": "attention.norm",
+    "intermediate.dense": "ffn.up",
+    "output.dense": "ffn.down",
+    "output.LayerNorm": "ffn.norm",
+}
+_TOP_MAP = {
+    "embeddings.word_embeddings": "embeddings.word",
+    "embeddings.position_embeddings": "embeddings.position",
+    "embeddings.token_type_embeddings": "embeddings.token_type",
+    "embeddings.LayerNorm": "embeddings.norm",
+    "pooler.dense": "pooler.dense",
+}
+_HEAD_MAP = {  # HF (no prefix) -> ours (top level of the head model)
+    "cls.predictions.transform.dense": "mlm.transform",
+    "cls.predictions.transform.LayerNorm": "mlm.norm",
+    "cls.seq_relationship": "nsp",
+    "classifier": "classifier",
+    "qa_outputs": "qa_outputs",
+}
+# HF tensors that carry no information of their own: buffers and tied copies.
+_REDUNDANT = re.compile(r"(^|\.)(position_ids|cls\.predictions\.decoder\.(weight|bias))$")
+_LAYER_RE = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+@dataclass
+class LoadReport:
+    """What `load_pretrained` did, for the log and for tests."""
+
+    source: str
+    missing_keys: list[str] = field(default_factory=list)  # ours, freshly initialised
+    unexpected_keys: list[str] = field(default_factory=list)  # checkpoint's, ignored
+    mismatched_keys: list[str] = field(default_factory=list)  # head shapes differ: re-initialised
+    vocab_trimmed_from: int | None = None  # embedding rows in the file when more than the vocab
+
+    @property
+    def initialized_heads(self) -> list[str]:
+        return sorted({k.split(".")[0] for k in self.missing_keys + self.mismatched_keys})
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
+    """An HF `config.json` mapping -> BertConfig, refusing variants this BERT does not implement."""
+    if hf.get("model_type", "bert") != "bert":
+        raise ValueError(f"model_type is {hf.get('model_type')!r}; only 'bert' checkpoints can be loaded")
+    act = hf.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise ValueError(f"hidden_act {act!r} is not supported (BERT uses exact 'gelu')")
+    pos = hf.get("position_embedding_type", "absolute")
+    if pos != "absolute":
+        raise ValueError(f"position_embedding_type {pos!r} is not supported (only 'absolute')")
+    names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "max_position_embeddings", "type_vocab_size", "hidden_dropout_prob",
+             "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range", "pad_token_id")
+    fields = {n: hf[n] for n in names if hf.get(n) is not None}
+    fields.update(overrides)
+    return BertConfig(**fields)
+
+
+def config_to_hf(config: BertConfig, architecture: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {
+        "architectures": [architecture],
+        "model_type": "bert",
+        "hidden_act": "gelu",
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "intermediate_size": config.intermediate_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "type_vocab_size": config.type_vocab_size,
+        "hidden_dropout_prob": config.hidden_dropout_prob,
+        "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
+        "layer_norm_eps": config.layer_norm_eps,
+        "initializer_range": config.initializer_range,
+        "pad_token_id": config.pad_token_id,
+    }
+    out.update(extra or {})
+    return out
+
+
+# ---------------------------------------------------------------------------------- state dicts
+
+
+def hf_to_ours(hf_state: dict[str, torch.Tensor], config: BertConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """HF tensors -> (our tensors with encoder keys under `bert.` and head keys at top level, ignored keys).
+
+    The word embeddings and MLM bias are trimmed to `config.vocab_size` here; padding to the
+    model's `padded_vocab_size` happens when the tensors are copied in.
+    """
+    ours: dict[str, torch.Tensor] = {}
+    ignored: list[str] = []
+    qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for name, tensor in hf_state.items():
+        key = name[len("bert."):] if name.startswith("bert.") else name
+        key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        if _REDUNDANT.search(key):
+            continue
+        m = _LAYER_RE.match(key)
+        if m:
+            layer, middle, kind = int(m.group(1)), m.group(2), m.group(3)
+            if middle.startswith("attention.self."):
+                qkv.setdefault((layer, kind), {})[middle.rsplit(".", 1)[1]] = tensor
+            elif middle in _LAYER_MAP:
+                ours[f"bert.encoder.layers.{layer}.{_LAYER_MAP[middle]}.{kind}"] = tensor
+            else:
+                ignored.append(name)
+            continue
+        stem, _, kind = key.rpartition(".")
+        if stem in _TOP_MAP:
+            ours[f"bert.{_TOP_MAP[stem]}.{kind}"] = tensor
+        elif stem in _HEAD_MAP:
+            ours[f"{_HEAD_MAP[stem]}.{kind}"] = tensor
+        elif key == "cls.predictions.bias":
+            ours["mlm.bias"] = tensor
+        else:
+            ignored.append(name)
+    for (layer, kind), parts in sorted(qkv.items()):
+        if set(parts) != {"query", "key", "value"}:
+            raise ValueError(f"layer {layer} attention {kind} is incomplete in the checkpoint: has {sorted(parts)}")
+        ours[f"bert.encoder.layers.{layer}.attention.qkv.{kind}"] = torch.cat(
+            [parts["query"], parts["key"], parts["value"]], dim=0
+        )
+    return ours, ignored
+
+
+def ours_to_hf(state: dict[str, torch.Tensor], config: BertConfig, prefix: str = "bert.") -> dict[str, torch.Tensor]:
+    """Our state dict (of any of our model classes) -> HF names, vocab trimmed, QKV split."""
+    top = {v: k for k, v in _TOP_MAP.items()}
+    layer_map = {v: k for k, v in _LAYER_MAP.items()}
+    heads = {v: k for k, v in _HEAD_MAP.items()}
+    out: dict[str, torch.Tensor] = {}
+    v = config.vocab_size
+    for name, tensor in state.items():
+        key = name[len("bert."):] if name.startswith("bert.") else name
+        stem, _, kind = key.rpartition(".")
+        m = re.match(r"^encoder\.layers\.(\d+)\.(.+)$", stem)
+        if m:
+            layer, middle = m.group(1), m.group(2)
+            if middle == "attention.qkv":
+                for part, chunk in zip(("query", "key", "value"), tensor.chunk(3, dim=0)):
+                    out[f"{prefix}encoder.layer.{layer}.attention.self.{part}.{kind}"] = chunk
+            else:
+                out[f"{prefix}encoder.layer.{layer}.{layer_map[middle]}.{kind}"] = tensor
+        elif stem in top:
+            out[f"{prefix}{top[stem]}.{kind}"] = tensor[:v] if stem == "embeddings.word" else tensor
+        elif key == "mlm.bias":
+            out["cls.predictions.bias"] = tensor[:v]
+        elif stem in heads:
+            out[f"{heads[stem]}.{kind}"] = tensor
+        else:
+            raise KeyError(f"no Hugging Face name for parameter {name!r}")
+    return {k: t.detach().contiguous() for k, t in out.items()}
+
+
+# ---------------------------------------------------------------------------------------- files
+
+
+def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The tensors of an HF directory: safetensors (single or sharded) first, else pytorch_model.bin."""
+    from safetensors.torch import load_file
+
+    single = path / "model.safetensors"
+    index = path / "model.safetensors.index.json"
+    binary = path / "pytorch_model.bin"
+    if single.is_file():
+        return load_file(str(single)), single.name
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(path / f)))
+        return state, index.name
+    if binary.is_file():
+        # weights_only: a pickle from the internet must not be able to run code.
+        return torch.load(binary, map_location="cpu", weights_only=True), binary.name
+    raise ValueError(f"{path} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def count_vocab(vocab_file: Path) -> int:
+    with open(vocab_file, encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+def load_pretrained(model_cls: type[M], path: str | Path, config_overrides: dict[str, Any] | None = None,
+                    **head_kwargs: Any) -> tuple[M, LoadReport]:
+    """Build `model_cls(config, **head_kwargs)` from an HF-format directory.
+
+    `config_overrides` changes fields that do not alter the weights' shapes (fast-path switches,
+    dropout), e.g. `{"unpad": True, "pad_vocab_multiple": 64}`.
+    """
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_file} is not valid JSON ({err.msg})") from None
+    config_from_hf(hf_config)  # refuse unsupported variants before reading any weights
+    state, source = read_hf_state(path)
+    ours, ignored = hf_to_ours(state, config_from_hf(hf_config))
+    report = LoadReport(source=str(path / source), unexpected_keys=ignored)
+
+    rows = ours["bert.embeddings.word.weight"].shape[0] if "bert.embeddings.word.weight" in ours else None
+    if rows is None:
+        raise ValueError(f"{report.source} has no word embeddings (embeddings.word_embeddings.weight); not a BERT checkpoint")
+    vocab_size = hf_config.get("vocab_size", rows)
+    vocab_file = path / "vocab.txt"
+    if vocab_file.is_file():
+        # The file's vocabulary is the truth: configs of padded checkpoints say 30528 for 30522 tokens.
+        vocab_size = count_vocab(vocab_file)
+        # Rows beyond the vocabulary are alignment padding (30528 = 30522 rounded up to 64) only
+        # when there are fewer than 128 of them; anything else is someone else's vocabulary.
+        if not 0 <= rows - vocab_size < 128:
+            raise ValueError(f"{vocab_file} has {vocab_size} tokens but the checkpoint has {rows} embedding rows; "
+                             "the vocabulary does not belong to this checkpoint")
+    if rows < vocab_size:
+        raise ValueError(f"{report.source} has {rows} embedding rows but config.json says vocab_size={vocab_size}")
+    if rows > vocab_size:
+        report.vocab_trimmed_from = rows
+        ours["bert.embeddings.word.weight"] = ours["bert.embeddings.word.weight"][:vocab_size]
+        if "mlm.bias" in ours:
+            ours["mlm.bias"] = ours["mlm.bias"][:vocab_size]
+
+    config = config_from_hf(hf_config, **{"vocab_size": vocab_size, **(config_overrides or {})})
+    model = model_cls(config, **head_kwargs)
+    target = model.state_dict()
+    if model_cls is BertModel:  # BertModel's own keys have no `bert.` prefix
+        ours = {k[len("bert."):]: t for k, t in ours.items() if k.startswith("bert.")} | {
+            k: t for k, t in ours.items() if not k.startswith("bert.")
+        }
+    with torch.no_grad():
+        for key, dest in target.items():
+            if key not in ours:
+                report.missing_keys.append(key)
+                continue
+            src = ours.pop(key)
+            if src.shape != dest.shape and src.shape[1:] == dest.shape[1:] and key.endswith(("embeddings.word.weight", "mlm.bias")):
+                dest.zero_()
+                dest[: src.shape[0]].copy_(src)  # vocab padded to pad_vocab_multiple: extra rows zero
+            elif src.shape != dest.shape:
+                head = not key.startswith(("bert.", "embeddings.", "encoder.", "pooler."))
+                if not head:
+                    raise ValueError(f"{report.source}: {key} has shape {tuple(src.shape)}, the config expects {tuple(dest.shape)}")
+                report.mismatched_keys.append(key)
+            else:
+                dest.copy_(src)
+    report.unexpected_keys += list(ours)  # state_dict() tensors share storage: the copies above are in place
+    if report.missing_keys or report.mismatched_keys:
+        logger.info("%s: initialised %s (not in the checkpoint or shape differs)", path, ", ".join(report.initialized_heads))
+    if report.unexpected_keys:
+        logger.info("%s: ignored %d checkpoint tensors: %s", path, len(report.unexpected_keys), ", ".join(report.unexpected_keys[:8]))
+    if report.vocab_trimmed_from:
+        logger.info("%s: trimmed embeddings from %d rows to the %d-token vocabulary", path, report.vocab_trimmed_from, vocab_size)
+    return model, report
+
+
+def save_pretrained(model: nn.Module, path: str | Path, vocab_file: str | Path | None = None,
+                    extra_config: dict[str, Any] | None = None) -> Path:
+    """Write `config.json` + `model.safetensors` (+ `vocab.txt`) in Hugging Face's format.
+
+    `extra_config` adds keys to config.json (e.g. `id2label` for a classifier).
+    """
+    from safetensors.torch import save_file
+
+    arch = _ARCHITECTURES.get(type(model))
+    if arch is None:
+        raise ValueError(f"cannot export a {type(model).__name__}; supported: {', '.join(c.__name__ for c in _ARCHITECTURES)}")
+    config: BertConfig = model.config
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    extra = dict(extra_config or {})
+    if hasattr(model, "num_labels") and "num_labels" not in extra and "id2label" not in extra:
+        extra["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
+    state = {k: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for k, t in model.state_dict().items()}
+    if type(model) is BertModel:
+        state = {f"bert.{k}": t for k, t in state.items()}
+    tensors = ours_to_hf(state, config, prefix="" if type(model) is BertModel else "bert.")
+    save_file({k: t.cpu() for k, t in tensors.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(config_to_hf(config, arch, extra), indent=2, sort_keys=True) + "\n")
+    if vocab_file is not None:
+        n = count_vocab(Path(vocab_file))
+        if n != config.vocab_size:
+            raise ValueError(f"{vocab_file} has {n} tokens but the model's vocab_size is {config.vocab_size}; pass the vocabulary the model was trained with")
+        if Path(vocab_file).resolve() != (path / "vocab.txt").resolve():
+            shutil.copyfile(vocab_file, path / "vocab.txt")
+    return path
