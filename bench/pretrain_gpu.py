@@ -13,8 +13,8 @@ positions as its API takes them.
 
 Prints, per phase and model: sequences/s, tokens/s, model TFLOP/s, MFU against the bf16 dense spec
 peak and against a large bf16 matmul measured in this run, peak memory, and the ratio to transformers.
-Model FLOPs per token = 6 N + 12 L H S (N = non-embedding parameters), the trainer's formula; both
-models are credited the same model FLOPs.
+Model FLOPs per token = 6 N + 12 L H S (N = non-embedding parameters), the trainer's formula, counted
+over real (non-padding) tokens as the trainer does; both models are credited the same model FLOPs.
 
   .venv/bin/python bench/pretrain_gpu.py                         # GPU: phases 128 and 512
   .venv/bin/python bench/pretrain_gpu.py --cpu-smoke             # CPU check: tiny model, few steps
@@ -38,13 +38,15 @@ from launch.config import load_config
 from launch.train_config import PretrainConfig
 from launch.train_dsconfig import deepspeed_config
 from launch.train_metrics import flops_per_token
-from launch.train_optim import build_optimizer
+from launch.train_optim import Lamb, attach_zero_partitioning, build_optimizer
 from model import BertConfig, BertForPreTraining, compile_fast_paths, save_pretrained
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 # bf16 dense tensor-core peaks from the vendors' spec sheets (TFLOP/s, without sparsity).
-SPEC_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A10": 125.0, "L4": 121.0, "L40": 181.0}
+# More specific names first: the first key found in the device name wins (an H100 PCIe is not an SXM).
+SPEC_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A10": 125.0,
+                    "L40S": 362.0, "L40": 181.0, "L4": 121.0}
 
 log = logging.getLogger("bench.pretrain_gpu")
 
@@ -123,9 +125,14 @@ def run_engine(label, model, cfg, batches, warmup, loss_fn, device) -> dict:
     import deepspeed
 
     o = cfg.optim
+    params = [p for p in model.parameters() if p.requires_grad]  # before DeepSpeed flattens them
     optimizer = build_optimizer(model, o.name, o.lr, (o.beta1, o.beta2), o.eps, o.weight_decay)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                       config=deepspeed_config(cfg, world_size=1, grad_accum=1))
+    if isinstance(optimizer, Lamb) and engine.optimizer is not optimizer:
+        # As the trainer does: under ZeRO, LAMB sees flat partitions and needs each parameter's
+        # slice for its per-parameter trust ratios (without this its first step raises).
+        attach_zero_partitioning(optimizer, engine, params)
     engine.train()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -180,11 +187,12 @@ def bench_phase(args, seq_len: int, device: torch.device, tmp: Path) -> list[dic
     del hf
 
     non_embedding = sum(p.numel() for n, p in BertForPreTraining(arch).named_parameters() if "embeddings" not in n)
-    flops_seq = flops_per_token(non_embedding, arch.num_hidden_layers, arch.hidden_size, seq_len) * seq_len
+    # Credited per real token, as the trainer's MFU is: padding is not model work (ours skips it).
+    flops_token = flops_per_token(non_embedding, arch.num_hidden_layers, arch.hidden_size, seq_len)
     real_tokens = statistics.mean(float(b["attention_mask"].sum()) for b in batches)
     for r in results:
         r.update(phase=seq_len, micro=micro, seq_s=micro / r["step_s"], tok_s=real_tokens / r["step_s"],
-                 tflops=flops_seq * micro / r["step_s"] / 1e12, loader_seq_s=loader_rate)
+                 tflops=flops_token * real_tokens / r["step_s"] / 1e12, loader_seq_s=loader_rate)
     return results
 
 

@@ -147,9 +147,12 @@ def hf_to_ours(hf_state: dict[str, torch.Tensor], config: BertConfig) -> tuple[d
     ours: dict[str, torch.Tensor] = {}
     ignored: list[str] = []
     qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    decoder_bias = None
     for name, tensor in hf_state.items():
         key = name[len("bert."):] if name.startswith("bert.") else name
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        if key == "cls.predictions.decoder.bias":
+            decoder_bias = tensor  # tied to cls.predictions.bias; some saves keep only this name
         if _REDUNDANT.search(key):
             continue
         m = _LAYER_RE.match(key)
@@ -171,6 +174,8 @@ def hf_to_ours(hf_state: dict[str, torch.Tensor], config: BertConfig) -> tuple[d
             ours["mlm.bias"] = tensor
         else:
             ignored.append(name)
+    if "mlm.bias" not in ours and decoder_bias is not None:
+        ours["mlm.bias"] = decoder_bias
     for (layer, kind), parts in sorted(qkv.items()):
         if set(parts) != {"query", "key", "value"}:
             raise ValueError(f"layer {layer} attention {kind} is incomplete in the checkpoint: has {sorted(parts)}")

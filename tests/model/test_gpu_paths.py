@@ -27,7 +27,20 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def test_varlen_bf16_matches_eager_fp32():
+def test_varlen_bf16_matches_eager_fp32(monkeypatch):
+    import torch.nn.attention.varlen as varlen
+
+    # The unpadded path falls back to re-padding silently (one log line): count the varlen calls
+    # that succeed, so that this tests the varlen kernel and not the fallback.
+    calls = []
+    real_varlen = varlen.varlen_attn
+
+    def counting_varlen(*args, **kwargs):
+        out = real_varlen(*args, **kwargs)
+        calls.append(1)
+        return out
+
+    monkeypatch.setattr(varlen, "varlen_attn", counting_varlen)
     torch.manual_seed(0)
     config = BertConfig.preset("base", attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
     ref = BertModel(config.replace(attention_impl="eager")).cuda().eval()
@@ -39,6 +52,7 @@ def test_varlen_bf16_matches_eager_fp32():
         b = fast(ids, types, mask).last_hidden_state
     real = mask.bool()
     assert _rel_err(b[real], a[real]) < 2e-2
+    assert len(calls) == config.num_hidden_layers, "unpad re-padded instead of running varlen attention"
 
 
 def test_compiled_unpadded_pretraining_bf16_matches_eager():

@@ -50,6 +50,18 @@ def test_our_init_exports_to_transformers_with_identical_logits(tmp_path, pad_vo
     assert a.mlm_logits.shape == b.prediction_logits.shape
     assert (a.mlm_logits - b.prediction_logits)[real].abs().max() < 1e-5
     assert (a.nsp_logits - b.seq_relationship_logits).abs().max() < 1e-5
+    # Our init has zero biases and identity LayerNorms, under which a dropped or swapped bias / LayerNorm
+    # (e.g. the MLM bias) would not change the logits: perturb every tensor and export again.
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_pretrained(ours, tmp_path / "perturbed")
+    hf = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "perturbed")).eval()
+    with torch.no_grad():
+        a = ours(ids, types, mask)
+        b = hf(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    assert (a.mlm_logits - b.prediction_logits)[real].abs().max() < 1e-5
+    assert (a.nsp_logits - b.seq_relationship_logits).abs().max() < 1e-5
 
 
 def test_hf_to_ours_to_hf_keeps_every_tensor(tmp_path):
@@ -69,6 +81,23 @@ def test_hf_to_ours_to_hf_keeps_every_tensor(tmp_path):
     assert set(a) == set(b)
     for key in a:
         assert torch.equal(a[key], b[key]), key
+    # The loaded heads compute what transformers' do (not only the same tensors under the same names).
+    ids, types, mask = _batch(30522)
+    with torch.no_grad():
+        ours_out = ours.eval()(ids, types, mask)
+        hf_out = hf.eval()(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    assert (ours_out.mlm_logits - hf_out.prediction_logits)[mask.bool()].abs().max() < 1e-5
+    assert (ours_out.nsp_logits - hf_out.seq_relationship_logits).abs().max() < 1e-5
+    # A save that keeps the tied MLM bias only under `cls.predictions.decoder.bias` loads it too.
+    from safetensors.torch import save_file
+
+    (tmp_path / "decoder_bias").mkdir()
+    (tmp_path / "decoder_bias" / "config.json").write_bytes((tmp_path / "hf" / "config.json").read_bytes())
+    renamed = {("cls.predictions.decoder.bias" if k == "cls.predictions.bias" else k): v for k, v in a.items()}
+    save_file(renamed, str(tmp_path / "decoder_bias" / "model.safetensors"))
+    again, report = load_pretrained(BertForPreTraining, tmp_path / "decoder_bias")
+    assert not report.missing_keys and not report.unexpected_keys
+    assert torch.equal(again.mlm.bias, a["cls.predictions.bias"])
 
 
 @pytest.mark.parametrize(
