@@ -92,6 +92,7 @@ class CorpusConfig:
             (self.max_document_bytes >= 1024, "--max-document-bytes must be at least 1024"),
             (bool(self.inputs), "give at least one --input"),
             (bool(self.out), "give --out DIR"),
+            (not os.path.isfile(self.out), f"--out {self.out} is a file; pass a directory"),
         ]
         for ok, message in checks:
             if not ok:
@@ -162,14 +163,49 @@ def _train_vocab(config: CorpusConfig, files: list[str], lowercase: bool, option
     return "\n".join(tokens) + "\n", {k: v for k, v in counters.items() if k.startswith("vocab_")}
 
 
+def _outside(files: list[str], out: str) -> list[str]:
+    """`files` minus those under `out`: `--out` inside an `--input` directory must not feed a
+    previous run's vocab.txt, shards and dead letters back in as text."""
+    if "://" in out:
+        return files
+    prefix = os.path.join(os.path.abspath(out), "")
+    kept = [f for f in files if "://" in f or not os.path.abspath(f).startswith(prefix)]
+    if not kept:
+        raise ValueError(f"every input file is inside --out {out}; write the corpus somewhere else")
+    return kept
+
+
+def _vocab_ids(vocab_text: str, source: str | None) -> tuple[MaskingVocab, int, int]:
+    """(masking vocab, [CLS] id, [SEP] id); `ValueError` naming `source` when the vocab lacks them."""
+    tokens = read_vocab_tokens(vocab_text)
+    try:
+        masking_vocab = MaskingVocab.from_tokens(tokens)
+        ids = {t: i for i, t in enumerate(tokens)}
+        return masking_vocab, ids["[CLS]"], ids["[SEP]"]
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"vocab {source}: {err}; a BERT vocab.txt needs [PAD] [UNK] [CLS] [SEP] [MASK]") from err
+
+
 def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     """Build the corpus in `config.out`; raises `ValueError` for bad settings before any work."""
     from launch.config import to_dict
 
     config.validate()
     start = time.time()
-    files = expand_inputs(config.inputs)
+    files = _outside(expand_inputs(config.inputs), config.out)
     options = pipeline_options(beam_args)
+    if config.vocab is not None:
+        # Checked before the output directory is touched: a bad vocab must not cost the last corpus.
+        try:
+            with FileSystems.open(config.vocab) as f:
+                raw_vocab = f.read()
+        except OSError as err:  # a directory, or no permission
+            raise ValueError(f"vocab file {config.vocab} cannot be read ({err}); pass a BERT vocab.txt") from None
+        try:
+            vocab_text = raw_vocab.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"vocab {config.vocab} is not UTF-8 text ({err}); pass a BERT vocab.txt") from None
+        _vocab_ids(vocab_text, config.vocab)
     out = config.out.rstrip("/")
     _clear_previous_output(out)
     if not FileSystems.exists(out):
@@ -178,19 +214,12 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     extra_counters: dict[str, int] = {}
 
     if config.vocab is not None:
-        with FileSystems.open(config.vocab) as f:
-            vocab_text = f.read().decode("utf-8")
         lowercase = config.lowercase if config.lowercase is not None else not vocab_is_cased(read_vocab_tokens(vocab_text))
     else:
         lowercase = True if config.lowercase is None else config.lowercase
         vocab_text, extra_counters = _train_vocab(config, files, lowercase, options, tmp)
     tokens = read_vocab_tokens(vocab_text)
-    try:
-        masking_vocab = MaskingVocab.from_tokens(tokens)
-        ids = {t: i for i, t in enumerate(tokens)}
-        cls_id, sep_id = ids["[CLS]"], ids["[SEP]"]
-    except (ValueError, KeyError) as err:
-        raise ValueError(f"vocab {config.vocab}: {err}; a BERT vocab.txt needs [PAD] [UNK] [CLS] [SEP] [MASK]") from err
+    masking_vocab, cls_id, sep_id = _vocab_ids(vocab_text, config.vocab)
 
     settings = InstanceSettings(
         seq_len=config.seq_len, short_seq_prob=config.short_seq_prob, masked_lm_prob=config.masked_lm_prob,

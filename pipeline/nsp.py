@@ -9,6 +9,7 @@ seeded by (seed, doc id, dupe index), so bundling, retries and worker counts can
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Iterable
@@ -108,8 +109,8 @@ class _BucketInstancesFn(beam.DoFn):
         docs = sorted(docs, key=lambda d: d.doc_id)
         if len(docs) == 1:
             self.lonely.inc()
+        doc_ids = _unique_ids(docs)
         sentences = [d.sentences for d in docs]
-        doc_ids = [d.doc_id for d in docs]
         seed = self.split_settings.seed
         for index, doc_id in enumerate(doc_ids):
             for dupe in range(self.split_settings.dupe_factor):
@@ -122,6 +123,35 @@ class _BucketInstancesFn(beam.DoFn):
                     self.tokens.inc(int(inst.input_ids.size))
                     order = derive_seed(seed, "order", doc_id, dupe, k)
                     yield split, (order, doc_id, dupe, k), inst
+
+
+def _content_digest(doc: TokenizedDocument) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for sentence in doc.sentences:
+        h.update(sentence.size.to_bytes(8, "little"))
+        h.update(sentence.tobytes())
+    return h.digest()
+
+
+def _unique_ids(docs: list[TokenizedDocument]) -> list[str]:
+    """Doc ids of `docs` (sorted by id; re-sorted in place on a clash), unique whatever the arrival order.
+
+    Two inputs can name a document alike (`wiki_00:0` in two directories, a repeated JSONL `id`);
+    such documents always share a bucket. Sorted by content and renamed `id~1`, `id~2`, ... they get
+    their own seeds and sort keys, so the output stays a function of the input alone.
+    """
+    ids = [d.doc_id for d in docs]
+    if len(set(ids)) == len(ids):
+        return ids
+    docs.sort(key=lambda d: (d.doc_id, _content_digest(d)))
+    out, seen = [], {}
+    for doc in docs:
+        n = seen.get(doc.doc_id, 0)
+        seen[doc.doc_id] = n + 1
+        if n:
+            Metrics.counter("corpus", "duplicate_doc_ids_renamed").inc()
+        out.append(f"{doc.doc_id}~{n}" if n else doc.doc_id)
+    return out
 
 
 class CreateInstances(beam.PTransform):

@@ -114,10 +114,14 @@ def sniff_format(sample: bytes) -> str:
         return "wiki-xml"
     if stripped.startswith("{"):
         first = stripped.split("\n", 1)[0]
+        if "\n" not in stripped and re.match(r'\{\s*"', stripped):
+            # One record longer than the sample (a whole book per line in an HF export): an
+            # object with a string key is JSONL; parsing the cut-off line would fail.
+            return "jsonl"
         try:
             if isinstance(json.loads(first), dict):
                 return "jsonl"
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: pathologically nested JSON
             pass
     lines = [ln.strip() for ln in head.split("\n")[:-1] if ln.strip()]
     if len(lines) >= 5:
@@ -184,13 +188,17 @@ def _lines(stream: Iterator[bytes], max_line: int) -> Iterator[bytes | None]:
     overlong = False
     for chunk in stream:
         buf += chunk
+        # Scan with an offset and cut the buffer once per chunk: slicing the rest off after every
+        # line would copy the chunk once per line (quadratic in lines per chunk).
+        pos = 0
         while True:
-            nl = buf.find(b"\n")
+            nl = buf.find(b"\n", pos)
             if nl < 0:
                 break
-            line, buf = buf[:nl], buf[nl + 1 :]
-            yield None if overlong else line.rstrip(b"\r")
+            yield None if overlong else buf[pos:nl].rstrip(b"\r")
             overlong = False
+            pos = nl + 1
+        buf = buf[pos:]
         if len(buf) > max_line:
             overlong, buf = True, b""
     if overlong:
@@ -203,8 +211,9 @@ def _wiki_pages(stream, name, source, max_bytes, stats) -> Iterator[Record]:
     buf = b""
     for chunk in stream:
         buf += chunk
+        pos = 0  # an offset, not a slice per page: the rest of the buffer is copied once per chunk
         while True:
-            start = buf.find(b"<page>")
+            start = buf.find(b"<page>", pos)
             if start < 0:
                 buf = buf[-8:]  # keep a possible partial "<page>" tag
                 break
@@ -216,8 +225,13 @@ def _wiki_pages(stream, name, source, max_bytes, stats) -> Iterator[Record]:
                     yield Skip(source, f"{name}@page", "document_too_large")
                     buf = b""
                 break
-            page_xml, buf = buf[start : end + len(b"</page>")], buf[end + len(b"</page>") :]
-            yield from _wiki_page(page_xml, name, source, stats)
+            pos = end + len(b"</page>")
+            yield from _wiki_page(buf[start:pos], name, source, stats)
+    if b"<page>" in buf:
+        # An uncompressed file cut off inside a page (a damaged archive raises CorruptStream instead).
+        match = re.search(rb"<id>\s*(\d+)\s*</id>", buf)
+        ident = match.group(1).decode() if match else "?"
+        yield Skip(source, f"{name}#{ident}", "malformed_xml", "the file ends inside this <page>")
 
 
 def _wiki_page(page_xml: bytes, name: str, source: str, stats: ReadStats) -> Iterator[Record]:
@@ -314,7 +328,7 @@ def _jsonl(stream, name, source, max_bytes, stats) -> Iterator[Record]:
             continue
         try:
             obj = json.loads(_decode(line, stats))
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: pathologically nested JSON
             yield Skip(source, fallback_id, "malformed_json", str(err)[:200])
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):

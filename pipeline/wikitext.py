@@ -54,6 +54,8 @@ def _drop_nested(text: str, pattern: re.Pattern, opener: str) -> str:
                 last = m.end()
     out.append(text[outer_start:] if depth > 0 else text[last:])
     return "".join(out)
+
+
 _LEFTOVER_TAG = re.compile(r"</?[a-zA-Z][^>]{0,200}>")
 
 

@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         return _books(args, policy, show)
     except (DownloadError, ValueError) as err:
         raise CliError(str(err)) from None
+    except OSError as err:  # e.g. --out on a read-only or unwritable path
+        raise CliError(f"{err}; check that --out is a writable directory and rerun (finished files are kept)") from None
 
 
 def _wikipedia(args: argparse.Namespace, policy, show: bool) -> int:

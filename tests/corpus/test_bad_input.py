@@ -98,6 +98,38 @@ def test_clear_errors_before_any_work(tmp_path, data_dir, capsys):
     assert not out.exists()  # nothing was started
 
 
+def test_bad_vocab_fails_before_the_previous_corpus_is_cleared(tmp_path, data_dir, capsys):
+    out = tmp_path / "corpus"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    (out / "train-00000-of-00001.arrow").write_bytes(b"previous shard")
+    no_mask = tmp_path / "no_mask.txt"
+    no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n", encoding="utf-8")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00vocab")
+    base = ["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--out", str(out)]
+    assert "[MASK]" in _fails(base + ["--vocab", str(no_mask)], capsys)
+    assert "not UTF-8" in _fails(base + ["--vocab", str(binary)], capsys)
+    assert "cannot be read" in _fails(base + ["--vocab", str(tmp_path)], capsys)  # a directory
+    vocab = str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    assert "is a file" in _fails(base[:-1] + [str(no_mask), "--vocab", vocab], capsys)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train-00000-of-00001.arrow"]
+
+
+def test_out_inside_an_input_directory_is_not_read_back(tmp_path, data_dir):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "book.txt").write_bytes((data_dir / "books" / "persuasion.txt").read_bytes()[:20_000])
+    argv = ["corpus", "--input", str(raw), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+            "--out", str(raw / "corpus"), "--seq-len", "64", "--dupe-factor", "1", "--heldout-fraction", "0"]
+    assert cli.main(argv) == 0
+    first = load_manifest(raw / "corpus")
+    assert cli.main(argv) == 0  # the rerun sees the first run's vocab.txt, shards and dead letters
+    again = load_manifest(raw / "corpus")
+    assert again["inputs"] == [str(raw / "book.txt")] and again["counters"] == first["counters"]
+    assert [s["sha256"] for s in again["shards"]] == [s["sha256"] for s in first["shards"]]
+
+
 def test_trained_vocab_and_parquet(tmp_path, data_dir):
     out = tmp_path / "trained"
     text = tmp_path / "sample.txt"

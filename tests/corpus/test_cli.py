@@ -67,8 +67,11 @@ def test_inspect(small_corpus, capsys):
 
 
 @pytest.mark.slow
-def test_one_vs_two_workers_identical(small_corpus, tmp_path, data_dir):
+def test_one_vs_two_workers_identical(small_corpus, tmp_path, data_dir, monkeypatch):
     """The session corpus ran on one worker; two worker processes give byte-identical shards."""
+    # `make test` exports PYTHONHASHSEED=0, which the worker processes would inherit: give each its
+    # own salt, so output that leaned on Python's `hash()` (sets, dict keys) would differ here.
+    monkeypatch.setenv("PYTHONHASHSEED", "random")
     m1 = load_manifest(small_corpus)
     m2 = corpus(
         tmp_path / "two", [data_dir / "books" / "persuasion.txt", data_dir / "wiki" / WIKI_NAME],

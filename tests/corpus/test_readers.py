@@ -139,6 +139,14 @@ def test_jsonl_and_sentence_lines():
     docs, skips, _ = read("\n".join(lines).encode() + b"\n")
     assert [d.doc_id for d in docs] == ["f.txt:a", "f.txt:5"] and len(docs[0].segments) == 2
     assert [s.reason for s in skips] == ["malformed_json", "json_without_text", "empty_document"]
+    # Pathologically nested JSON is one malformed record, not a crash of the job.
+    nested = '{"text": "x", "a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    docs, skips, _ = read((lines[0] + "\n" + nested + "\n").encode(), fmt="jsonl")
+    assert [d.doc_id for d in docs] == ["f.txt:a"] and [s.reason for s in skips] == ["malformed_json"]
+    # A whole book per line (an HF books export): the first record is longer than the sniffed sample.
+    book_lines = [json.dumps({"id": i, "text": "\n".join([PROSE] * 2000)}) for i in (1, 2)]
+    docs, skips, _ = read("\n".join(book_lines).encode() + b"\n")
+    assert [d.doc_id for d in docs] == ["f.txt:1", "f.txt:2"] and len(docs[0].segments) == 2000 and not skips
     original = "First sentence here.\nSecond one.\nThird one!\n\nOther doc first.\nOther doc second.\n"
     assert sniff_format(original.encode() * 3) == "lines"
     docs, _, _ = read(original.encode())
@@ -178,3 +186,21 @@ def test_expand_inputs_directory_recursive(tmp_path, data_dir):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no input files"):
         expand_inputs([str(tmp_path / "empty")])
+
+
+def test_uncompressed_dump_cut_inside_a_page_is_counted_not_dropped_silently():
+    data = wiki(page(1, PROSE), page(2, PROSE))
+    docs, skips, _ = read(data[: data.rindex(b"</page>") - 10])
+    assert [d.doc_id for d in docs] == ["f.txt#1"]
+    assert [(s.record_id, s.reason) for s in skips] == [("f.txt#2", "malformed_xml")]
+
+
+def test_many_short_lines_read_in_linear_time():
+    # Slicing the buffer after every line made this quadratic in lines per 1 MiB chunk (~25 s here).
+    import time
+
+    data = b"One short sentence per line, as the original script's layout has it.\n" * 300_000
+    start = time.perf_counter()
+    docs, skips, _ = read(data, fmt="lines", max_bytes=len(data) + 1)
+    assert len(docs) == 1 and len(docs[0].segments) == 300_000 and not skips
+    assert time.perf_counter() - start < 10

@@ -134,3 +134,24 @@ def test_count_words():
         counts = p | beam.Create(docs) | CountWords(lowercase=True, min_frequency=2)
         assert_that(counts, equal_to([("the", 3), ("cat", 3), (".", 2)]))
     assert json.dumps(["the", 3])  # the job writes counts as JSON pairs
+
+
+def test_duplicate_doc_ids_do_not_make_output_depend_on_arrival_order(data_dir):
+    """Two files can give documents the same id (`wiki_00:0` in two directories): the bucket's
+    output must not depend on the order the runner delivers them in, and ids stay unique."""
+    from pipeline.nsp import _BucketInstancesFn
+
+    vocab = MaskingVocab.from_vocab_file(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    a, b, c = _synthetic_docs(3)
+    twin = TokenizedDocument(a.doc_id, b.sentences)  # same id as `a`, other text
+    fn = _BucketInstancesFn(SplitSettings(seed=3, heldout_fraction=0.0, docs_per_bucket=8, dupe_factor=2),
+                            InstanceSettings(seq_len=32, short_seq_prob=0.0), vocab)
+
+    def run(docs):
+        out = sorted(fn.process((("train", 0), docs)), key=lambda e: e[1])
+        return [(key, inst.doc_id, inst.input_ids.tolist(), inst.masked_lm_positions.tolist()) for _, key, inst in out]
+
+    first = run([a, twin, c])
+    assert first == run([twin, c, a]) == run([c, a, twin])
+    assert {doc_id for _, doc_id, _, _ in first} == {a.doc_id, f"{a.doc_id}~1", c.doc_id}
+    assert len({key for key, _, _, _ in first}) == len(first)  # shard sort keys never tie

@@ -181,3 +181,8 @@ def test_bad_arguments_are_clear(tmp_path: Path, capsys) -> None:
     assert rc == 2 and "does not exist" in err
     rc, _, err = _run(["download", "wikipedia", "--lang", "English!", "--out", str(tmp_path)], capsys)
     assert rc == 2 and "language code" in err
+    # An --out that cannot be created is a clear error, not a traceback.
+    (tmp_path / "afile").write_text("x")
+    rc, _, err = _run(["download", "books", "--ids", "105", "--out", str(tmp_path / "afile" / "raw"),
+                       "--mirror", "http://127.0.0.1:9", "--no-progress"], capsys)
+    assert rc == 2 and "writable directory" in err
