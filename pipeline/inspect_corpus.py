@@ -24,6 +24,8 @@ def load_manifest(corpus_dir: str | Path) -> dict:
 
 def read_shard(path: str | Path) -> pa.Table:
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"shard {path} listed in the manifest is missing; the corpus is incomplete, rebuild it")
     if path.suffix == ".parquet":
         return pq.read_table(path)
     with pa.memory_map(str(path)) as source:

@@ -168,3 +168,14 @@ def test_same_seed_same_bytes(books_corpus, tmp_path, data_dir):
     assert [s["sha256"] for s in again["shards"]] == [s["sha256"] for s in m["shards"]]
     for s in again["shards"]:
         assert (tmp_path / "again" / s["path"]).read_bytes() == (out / s["path"]).read_bytes()
+
+
+def test_inspect_of_an_incomplete_corpus_is_a_clear_error(small_corpus, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(small_corpus, broken)
+    (broken / "train-00000-of-00002.arrow").unlink()
+    with pytest.raises(SystemExit) as err:
+        cli.main(["corpus", "inspect", str(broken)])
+    assert err.value.code == 2 and "is missing; the corpus is incomplete" in capsys.readouterr().err
