@@ -53,33 +53,37 @@ def _parse_with_beam_args(self, args=None, namespace=None):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.parse_args = types.MethodType(_parse_with_beam_args, parser)
-    parser.add_argument("action", nargs="*", metavar="inspect DIR",
-                        help="`inspect DIR`: print a corpus's manifest stats and a few decoded instances")
-    parser.add_argument("--input", nargs="+", default=[], metavar="PATH",
+    parser.add_argument("action", nargs="*", metavar="inspect DIR | key=value",
+                        help="`inspect DIR`: print a corpus's manifest stats and a few decoded instances; "
+                        "otherwise dotted overrides of the config, e.g. seq_len=512 dupe_factor=10")
+    parser.add_argument("--config", metavar="CORPUS.yaml",
+                        help="a YAML file of corpus settings (the keys of the manifest's `config`); "
+                        "flags and key=value overrides given on the command line win")
+    parser.add_argument("--input", default=argparse.SUPPRESS, nargs="+", metavar="PATH",
                         help="input files, directories or globs (local or any Beam filesystem)")
     vocab = parser.add_mutually_exclusive_group()
-    vocab.add_argument("--vocab", metavar="VOCAB.txt", help="a BERT WordPiece vocab.txt (cased or uncased)")
-    vocab.add_argument("--train-vocab-size", type=int, metavar="N", help="train a WordPiece vocab of N tokens on the input")
-    parser.add_argument("--out", metavar="DIR", help="output directory (manifest.json, vocab.txt, shards, dead_letter/)")
-    parser.add_argument("--seq-len", type=int, default=128, help="max tokens per instance incl. [CLS]/[SEP] (default 128)")
-    parser.add_argument("--dupe-factor", type=int, default=5, help="copies of each document with different masks (default 5)")
-    parser.add_argument("--seed", type=int, default=12345, help="global seed; output is a function of inputs and seed")
-    parser.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked (default 0.15)")
-    parser.add_argument("--max-predictions", type=int, default=20, help="cap on masked tokens per instance (default 20)")
-    parser.add_argument("--short-seq-prob", type=float, default=0.1, help="share of documents with a shorter target length")
-    parser.add_argument("--whole-word-mask", action="store_true", help="mask whole words (all ## pieces together)")
-    parser.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
+    vocab.add_argument("--vocab", default=argparse.SUPPRESS, metavar="VOCAB.txt", help="a BERT WordPiece vocab.txt (cased or uncased)")
+    vocab.add_argument("--train-vocab-size", default=argparse.SUPPRESS, type=int, metavar="N", help="train a WordPiece vocab of N tokens on the input")
+    parser.add_argument("--out", default=argparse.SUPPRESS, metavar="DIR", help="output directory (manifest.json, vocab.txt, shards, dead_letter/)")
+    parser.add_argument("--seq-len", default=argparse.SUPPRESS, type=int, help="max tokens per instance incl. [CLS]/[SEP] (default 128)")
+    parser.add_argument("--dupe-factor", default=argparse.SUPPRESS, type=int, help="copies of each document with different masks (default 5)")
+    parser.add_argument("--seed", default=argparse.SUPPRESS, type=int, help="global seed; output is a function of inputs and seed (default 12345)")
+    parser.add_argument("--masked-lm-prob", default=argparse.SUPPRESS, type=float, help="share of tokens masked (default 0.15)")
+    parser.add_argument("--max-predictions", default=argparse.SUPPRESS, type=int, help="cap on masked tokens per instance (default 20)")
+    parser.add_argument("--short-seq-prob", default=argparse.SUPPRESS, type=float, help="share of documents with a shorter target length (default 0.1)")
+    parser.add_argument("--whole-word-mask", default=argparse.SUPPRESS, action="store_true", help="mask whole words (all ## pieces together)")
+    parser.add_argument("--lowercase", default=argparse.SUPPRESS, action=argparse.BooleanOptionalAction,
                         help="lowercase and strip accents (default: yes unless the vocab is cased)")
-    parser.add_argument("--num-shards", type=int, default=0, help="train shards (default 0: one per --instances-per-shard)")
-    parser.add_argument("--instances-per-shard", type=int, default=100_000, help="shard size when --num-shards is 0")
-    parser.add_argument("--heldout-fraction", type=float, default=0.02,
+    parser.add_argument("--num-shards", default=argparse.SUPPRESS, type=int, help="train shards (default 0: one per --instances-per-shard)")
+    parser.add_argument("--instances-per-shard", default=argparse.SUPPRESS, type=int, help="shard size when --num-shards is 0 (default 100000)")
+    parser.add_argument("--heldout-fraction", default=argparse.SUPPRESS, type=float,
                         help="share of whole documents in the heldout split (default 0.02; 0 for none)")
-    parser.add_argument("--docs-per-bucket", type=int, default=1000,
+    parser.add_argument("--docs-per-bucket", default=argparse.SUPPRESS, type=int,
                         help="NSP negatives come from a hashed bucket of about this many documents")
-    parser.add_argument("--format", dest="input_format", default="auto", choices=["auto", "wiki-xml", "text", "lines", "jsonl"],
+    parser.add_argument("--format", default=argparse.SUPPRESS, dest="input_format", choices=["auto", "wiki-xml", "text", "lines", "jsonl"],
                         help="input format (default: sniffed per file); lines = one sentence per line, blank line between documents")
-    parser.add_argument("--shard-format", default="arrow", choices=["arrow", "parquet"], help="shard files (default arrow IPC)")
-    parser.add_argument("--max-document-bytes", type=int, default=16_000_000,
+    parser.add_argument("--shard-format", default=argparse.SUPPRESS, choices=["arrow", "parquet"], help="shard files (default arrow IPC)")
+    parser.add_argument("--max-document-bytes", default=argparse.SUPPRESS, type=int,
                         help="skip (and count) documents larger than this")
     parser.add_argument("--runner", default=None,
                         help="Beam runner (default FnApiRunner, local); other Beam options pass through as --name=value")
@@ -98,6 +102,38 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# Command-line flag dest -> CorpusConfig field, where they differ.
+_FIELD_OF_DEST = {"input": "inputs"}
+_CONFIG_DESTS = ("input", "vocab", "train_vocab_size", "out", "seq_len", "dupe_factor", "seed", "masked_lm_prob",
+                 "max_predictions", "short_seq_prob", "whole_word_mask", "lowercase", "num_shards",
+                 "instances_per_shard", "heldout_fraction", "docs_per_bucket", "input_format", "shard_format",
+                 "max_document_bytes")
+
+
+def _config_of(args: argparse.Namespace):
+    """CorpusConfig from defaults <- --config YAML <- key=value overrides <- explicit flags."""
+    from launch.config import from_dict, load_yaml, merge, parse_overrides
+    from pipeline.corpus_job import CorpusConfig
+
+    try:
+        data = load_yaml(args.config) if args.config else {}
+        data = merge(data, parse_overrides(args.action))
+        flags = {_FIELD_OF_DEST.get(d, d): getattr(args, d) for d in _CONFIG_DESTS if hasattr(args, d)}
+        # An explicit vocab choice on the command line replaces the other one from the file.
+        if "vocab" in flags:
+            data.pop("train_vocab_size", None)
+        if "train_vocab_size" in flags:
+            data.pop("vocab", None)
+        config = from_dict(CorpusConfig, merge(data, flags))
+    except (OSError, ValueError) as err:
+        raise CliError(str(err)) from err
+    if not config.inputs:
+        raise CliError("give --input PATH [PATH ...] (files, directories or globs)")
+    if not config.out:
+        raise CliError("give --out DIR")
+    return config
+
+
 def beam_args_of(args: argparse.Namespace) -> list[str]:
     """The Beam pipeline options of a parsed command line (`--runner` plus the passed-through rest)."""
     return ([f"--runner={args.runner}"] if args.runner else []) + list(args.beam_args)
@@ -107,27 +143,17 @@ def run(args: argparse.Namespace) -> int:
     setup_logging()
     # Beam announces at import that GCS support is not installed; a gs:// input says so itself.
     logging.getLogger("apache_beam.io.filesystems").setLevel(logging.ERROR)
-    if args.action:
-        if args.action[0] != "inspect":
-            raise CliError(
-                f"unexpected argument {args.action[0]!r}: the only action is `inspect DIR`, "
-                "and Beam options take the form --name=value"
-            )
+    if args.action and args.action[0] == "inspect":
         return _inspect(args)
-    from pipeline.corpus_job import CorpusConfig, run as run_job
+    bad = [a for a in args.action if "=" not in a]
+    if bad:
+        raise CliError(
+            f"unexpected argument {bad[0]!r}: the only action is `inspect DIR`, config overrides are "
+            "key=value, and Beam options take the form --name=value"
+        )
+    from pipeline.corpus_job import run as run_job
 
-    if not args.input:
-        raise CliError("give --input PATH [PATH ...] (files, directories or globs)")
-    if not args.out:
-        raise CliError("give --out DIR")
-    config = CorpusConfig(
-        inputs=list(args.input), out=args.out, vocab=args.vocab, train_vocab_size=args.train_vocab_size,
-        seq_len=args.seq_len, dupe_factor=args.dupe_factor, seed=args.seed, masked_lm_prob=args.masked_lm_prob,
-        max_predictions=args.max_predictions, short_seq_prob=args.short_seq_prob, whole_word_mask=args.whole_word_mask,
-        lowercase=args.lowercase, num_shards=args.num_shards, instances_per_shard=args.instances_per_shard,
-        heldout_fraction=args.heldout_fraction, docs_per_bucket=args.docs_per_bucket, input_format=args.input_format,
-        shard_format=args.shard_format, max_document_bytes=args.max_document_bytes,
-    )
+    config = _config_of(args)
     try:
         result = run_job(config, beam_args_of(args))
     except ValueError as err:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -179,3 +181,26 @@ def test_inspect_of_an_incomplete_corpus_is_a_clear_error(small_corpus, tmp_path
     with pytest.raises(SystemExit) as err:
         cli.main(["corpus", "inspect", str(broken)])
     assert err.value.code == 2 and "is missing; the corpus is incomplete" in capsys.readouterr().err
+
+
+def test_config_file_overrides_and_flags_layer(tmp_path, data_dir):
+    """Defaults <- --config YAML <- key=value overrides <- explicit flags; the manifest keeps the result."""
+    text = (data_dir / "books" / "persuasion.txt").read_text(encoding="utf-8")[:40_000]
+    (tmp_path / "book.txt").write_text(text, encoding="utf-8")
+    config = tmp_path / "corpus.yaml"
+    config.write_text(
+        f"inputs: [{tmp_path / 'book.txt'}]\nvocab: {data_dir / 'vocab' / 'bert-base-uncased-vocab.txt'}\n"
+        "seq_len: 64\ndupe_factor: 3\nseed: 1\nheldout_fraction: 0.0\n"
+    )
+    out = tmp_path / "out"
+    assert cli.main(["corpus", "--config", str(config), "dupe_factor=1", "max_predictions=5",
+                     "--seed", "7", "--out", str(out)]) == 0
+    settings = json.loads((out / "manifest.json").read_text())["config"]
+    assert (settings["seq_len"], settings["dupe_factor"], settings["max_predictions"], settings["seed"]) == (64, 1, 5, 7)
+    assert settings["short_seq_prob"] == 0.1  # untouched default
+
+
+def test_config_typos_are_refused_before_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        cli.main(["corpus", "--input", str(tmp_path), "--vocab", "v.txt", "--out", str(tmp_path / "o"), "seq_lenn=64"])
+    assert err.value.code == 2 and "unknown config key(s) seq_lenn" in capsys.readouterr().err
