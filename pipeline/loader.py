@@ -1,0 +1,300 @@
+"""Training loader: memory-mapped Arrow shards -> padded micro-batches for one data-parallel rank.
+
+The contract (docs/ARCHITECTURE.md, "Batches"): a dict of tensors `input_ids`, `token_type_ids`,
+`attention_mask` [B,L] (L = longest sample in the batch), `masked_lm_positions` [B,P] (pad 0),
+`masked_lm_ids` [B,P] (pad -100), `next_sentence_label` [B], `sample_index` [B].
+
+Order and position. The global stream is epoch after epoch of `EpochPermutation(N, seed, epoch)`;
+each epoch uses the first `E = (N // global_batch) * global_batch` positions so that every optimizer
+step sees a full global batch (the remainder, < one global batch, is skipped and logged). The
+loader's *position* is the number of global samples consumed. A micro-batch "round" takes the next
+`world_size * micro_batch` positions; rank r takes its contiguous slice of them. Resuming at
+position p with any world size therefore continues the same global sequence.
+
+Legend: B = micro-batch size, L = longest sequence in the batch, P = most masked positions in it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pipeline.loader_order import EpochPermutation
+from pipeline.masking import MaskingVocab, derive_seed, mask_tokens
+
+log = logging.getLogger(__name__)
+
+_PCG_INC = 0xDA3E39CB94B95BDB  # fixed odd PCG64 stream increment; the key goes into the state
+_LIST_COLUMNS = ("input_ids", "token_type_ids", "masked_lm_positions", "masked_lm_ids")
+
+
+@dataclass
+class _Block:
+    """One Arrow record batch as zero-copy numpy views: (offsets, values) per list column."""
+
+    size: int
+    lists: dict[str, tuple[np.ndarray, np.ndarray]]
+    nsp: np.ndarray
+
+
+class ShardedSplit:
+    """All shards of one split (`train` or `heldout`) of a corpus directory, memory-mapped.
+
+    Sample ids number the split's instances in manifest shard order.
+    """
+
+    def __init__(self, corpus_dir: str | Path, split: str = "train") -> None:
+        self.dir = Path(corpus_dir)
+        self.manifest = read_manifest(self.dir)
+        self.split = split
+        self._blocks: list[_Block] = []
+        self._maps: list[pa.MemoryMappedFile] = []
+        for shard in self.manifest["shards"]:
+            if shard.get("split", "train") != split:
+                continue
+            path = self.dir / shard["path"]
+            if path.suffix != ".arrow":
+                raise ValueError(f"{path}: the loader reads Arrow IPC shards; rebuild the corpus with --shard-format arrow")
+            if not path.is_file():
+                raise ValueError(f"{path} is listed in {self.dir / 'manifest.json'} but missing; rebuild or re-copy the corpus")
+            mm = pa.memory_map(str(path), "r")
+            self._maps.append(mm)
+            reader = pa.ipc.open_file(mm)
+            for i in range(reader.num_record_batches):
+                self._blocks.append(_block(reader.get_batch(i), path))
+        self._starts = np.cumsum([0] + [b.size for b in self._blocks])  # [num_blocks + 1]
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def sample(self, index: int) -> dict[str, np.ndarray | int]:
+        """One unpadded instance (numpy views into the mapped file)."""
+        b = int(np.searchsorted(self._starts, index, side="right")) - 1
+        block = self._blocks[b]
+        row = index - int(self._starts[b])
+        out: dict[str, Any] = {}
+        for name, (offsets, values) in block.lists.items():
+            out[name] = values[offsets[row]:offsets[row + 1]]
+        out["next_sentence_label"] = int(block.nsp[row])
+        return out
+
+
+def _block(batch: pa.RecordBatch, path: Path) -> _Block:
+    missing = [c for c in (*_LIST_COLUMNS, "next_sentence_label") if c not in batch.schema.names]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; is this a bertpipe corpus shard?")
+    lists = {}
+    for name in _LIST_COLUMNS:
+        arr = batch.column(name)
+        if arr.null_count:
+            raise ValueError(f"{path}: column {name} has nulls; rebuild the corpus")
+        lists[name] = (arr.offsets.to_numpy(), arr.values.to_numpy())
+    return _Block(batch.num_rows, lists, batch.column("next_sentence_label").to_numpy())
+
+
+def read_manifest(corpus_dir: str | Path) -> dict[str, Any]:
+    path = Path(corpus_dir) / "manifest.json"
+    if not path.is_file():
+        raise ValueError(f"{corpus_dir} has no manifest.json; pass a directory written by `bertpipe corpus --out`")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("format") != "bertpipe-corpus" or manifest.get("format_version") != 1:
+        raise ValueError(f"{path} is not a bertpipe corpus manifest (format version 1); rebuild the corpus")
+    return manifest
+
+
+class Collator:
+    """Pads samples to the batch's longest; optionally re-masks them first (dynamic masking)."""
+
+    def __init__(self, manifest: dict[str, Any], vocab: MaskingVocab | None = None, seed: int = 0) -> None:
+        self.vocab = vocab
+        self.seed = seed
+        self.masked_lm_prob = float(manifest.get("masked_lm_prob", 0.15))
+        self.max_predictions = int(manifest.get("max_predictions", 20))
+        self.whole_word_mask = bool(manifest.get("whole_word_mask", False))
+        # One generator re-keyed per sample: building a fresh PCG64 through SeedSequence costs ~20 us,
+        # as much as collating a sample; setting the state of an existing one costs ~3 us.
+        self._rng = np.random.Generator(np.random.PCG64(0))
+
+    def _rng_for(self, *parts: object) -> np.random.Generator:
+        self._rng.bit_generator.state = {
+            "bit_generator": "PCG64", "state": {"state": derive_seed(*parts), "inc": _PCG_INC},
+            "has_uint32": 0, "uinteger": 0,
+        }
+        return self._rng
+
+    def remask(self, sample: dict[str, Any], sample_id: int, epoch: int) -> dict[str, Any]:
+        """Undo the corpus's static masks and draw new ones from (seed, epoch, sample id)."""
+        original = np.array(sample["input_ids"], dtype=np.int32)
+        original[sample["masked_lm_positions"]] = sample["masked_lm_ids"]
+        masked = mask_tokens(
+            original, rng=self._rng_for("dynamic-mask", self.seed, epoch, sample_id), vocab=self.vocab,
+            masked_lm_prob=self.masked_lm_prob, max_predictions=self.max_predictions,
+            whole_word_mask=self.whole_word_mask,
+        )
+        return dict(sample, input_ids=masked.input_ids, masked_lm_positions=masked.positions,
+                    masked_lm_ids=masked.labels)
+
+    def __call__(self, samples: list[dict[str, Any]], sample_ids: np.ndarray) -> dict[str, torch.Tensor]:
+        n = len(samples)
+        lengths = [len(s["input_ids"]) for s in samples]
+        preds = [len(s["masked_lm_positions"]) for s in samples]
+        seq, num_pred = max(lengths), max(max(preds), 1)
+        input_ids = np.zeros((n, seq), dtype=np.int64)  # [B, L]
+        token_type_ids = np.zeros((n, seq), dtype=np.int64)  # [B, L]
+        attention_mask = np.zeros((n, seq), dtype=np.int64)  # [B, L]
+        positions = np.zeros((n, num_pred), dtype=np.int64)  # [B, P]
+        labels = np.full((n, num_pred), -100, dtype=np.int64)  # [B, P]
+        nsp = np.empty(n, dtype=np.int64)
+        for i, s in enumerate(samples):
+            length, p = lengths[i], preds[i]
+            input_ids[i, :length] = s["input_ids"]
+            token_type_ids[i, :length] = s["token_type_ids"]
+            attention_mask[i, :length] = 1
+            positions[i, :p] = s["masked_lm_positions"]
+            labels[i, :p] = s["masked_lm_ids"]
+            nsp[i] = s["next_sentence_label"]
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "token_type_ids": torch.from_numpy(token_type_ids),
+            "attention_mask": torch.from_numpy(attention_mask),
+            "masked_lm_positions": torch.from_numpy(positions),
+            "masked_lm_ids": torch.from_numpy(labels),
+            "next_sentence_label": torch.from_numpy(nsp),
+            "sample_index": torch.from_numpy(np.asarray(sample_ids, dtype=np.int64)),
+        }
+
+
+class PretrainLoader:
+    """Micro-batches for one data-parallel rank, starting at a global sample position.
+
+    Iterating yields `(batch, position_after)`: the global samples consumed once this micro-batch's
+    round is done, which is what a checkpoint stores (the prefetch thread runs ahead of training;
+    the position saved is that of the last batch actually consumed).
+    """
+
+    def __init__(
+        self,
+        split: ShardedSplit,
+        *,
+        seed: int,
+        micro_batch_size: int,
+        global_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        position: int = 0,
+        dynamic_masking: bool = False,
+        prefetch: int = 4,
+    ) -> None:
+        if global_batch_size % (micro_batch_size * world_size):
+            raise ValueError(
+                f"global batch {global_batch_size} is not a multiple of micro batch {micro_batch_size} "
+                f"x world size {world_size}"
+            )
+        n = len(split)
+        self.epoch_size = (n // global_batch_size) * global_batch_size
+        if self.epoch_size == 0:
+            raise ValueError(
+                f"the {split.split} split has {n} samples, fewer than one global batch ({global_batch_size}); "
+                f"lower data.global_batch_size or build a bigger corpus"
+            )
+        if n > self.epoch_size and position == 0 and rank == 0:
+            log.info("each epoch uses %d of %d samples (the last %d do not fill a global batch)",
+                     self.epoch_size, n, n - self.epoch_size)
+        self.split = split
+        self.seed = seed
+        self.micro = micro_batch_size
+        self.rank = rank
+        self.world = world_size
+        self.position = position
+        self.prefetch = prefetch
+        vocab = MaskingVocab.from_vocab_file(split.dir / split.manifest.get("vocab_file", "vocab.txt")) \
+            if dynamic_masking else None
+        self.collate = Collator(split.manifest, vocab, seed)
+        self._perms: dict[int, EpochPermutation] = {}
+
+    def sample_ids(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global sample ids (and epochs) at global stream positions."""
+        epochs = positions // self.epoch_size
+        offsets = positions % self.epoch_size
+        ids = np.empty_like(positions)
+        for epoch in np.unique(epochs):
+            perm = self._perms.get(int(epoch))
+            if perm is None:
+                self._perms = {int(epoch): EpochPermutation(len(self.split), self.seed, int(epoch))}
+                perm = self._perms[int(epoch)]
+            sel = epochs == epoch
+            ids[sel] = perm[offsets[sel]]
+        return ids, epochs
+
+    def batch_at(self, position: int) -> dict[str, torch.Tensor]:
+        """This rank's micro-batch of the round that starts at global `position`."""
+        start = position + self.rank * self.micro
+        ids, epochs = self.sample_ids(np.arange(start, start + self.micro, dtype=np.int64))
+        samples = [self.split.sample(int(i)) for i in ids]
+        if self.collate.vocab is not None:
+            samples = [self.collate.remask(s, int(i), int(e)) for s, i, e in zip(samples, ids, epochs)]
+        return self.collate(samples, ids)
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], int]]:
+        round_size = self.micro * self.world
+        if self.prefetch <= 0:
+            pos = self.position
+            while True:
+                batch = self.batch_at(pos)
+                pos += round_size
+                yield batch, pos
+        yield from _prefetched(self, self.position, round_size, self.prefetch)
+
+
+def _prefetched(loader: PretrainLoader, start: int, round_size: int, depth: int):
+    """Batches made by a background thread (numpy/arrow work releases the GIL for much of it)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def work() -> None:
+        pos = start
+        try:
+            while not stop.is_set():
+                item = (loader.batch_at(pos), pos + round_size)
+                pos += round_size
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as err:  # surfaced in the consumer, not lost in the thread
+            q.put(err)
+
+    thread = threading.Thread(target=work, name="loader-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def heldout_batches(split: ShardedSplit, *, max_samples: int, micro_batch_size: int, rank: int,
+                    world_size: int) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's share of the first `max_samples` held-out instances, in corpus order (static masks)."""
+    total = min(len(split), max_samples)
+    per_rank = total // world_size  # equal shares keep the ranks' collective calls in step
+    collate = Collator(split.manifest)
+    lo = rank * per_rank
+    for start in range(lo, lo + per_rank, micro_batch_size):
+        ids = np.arange(start, min(start + micro_batch_size, lo + per_rank), dtype=np.int64)
+        yield collate([split.sample(int(i)) for i in ids], ids)
