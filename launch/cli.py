@@ -71,4 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Re-import so that `python -m launch.cli` and the console script share one module (and one
+    # CliError class): under -m this file is `__main__`, and commands import `launch.cli`.
+    from launch.cli import main as _main
+
+    sys.exit(_main())

@@ -24,11 +24,21 @@ def is_rank_zero() -> bool:
     return global_rank() == 0
 
 
+class _DropKnownNoise(logging.Filter):
+    """Drops import-time warnings of optional cloud extras we do not use (Beam's GCP/BigQuery clients)."""
+
+    NOISE = ("apitools not found",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOISE)
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     rank = global_rank()
     prefix = "" if rank == 0 else f"[rank{rank}] "
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.addFilter(_DropKnownNoise())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level if rank == 0 else max(level, logging.WARNING))

@@ -63,7 +63,10 @@ def init_distributed() -> None:
 
     # torch 2.13 warns on every collective DeepSpeed makes with the older names; once is plenty.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
-    if "RANK" not in os.environ:
+    # Under mpirun (Kubeflow TrainJob/MPIJob, `deepspeed --launcher openmpi`) RANK is unset at start-up:
+    # DeepSpeed discovers the ranks from MPI itself, so only a truly lone process gets a group of one.
+    under_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+    if "RANK" not in os.environ and not under_mpi:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
     if not dist.is_initialized():
