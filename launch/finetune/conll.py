@@ -1,0 +1,67 @@
+"""CoNLL-2003 English NER: `word POS chunk NER` per line, blank line between sentences, `-DOCSTART-`
+lines between documents (files `train.txt`, `dev.txt`/`valid.txt`/`eng.testa`, `test.txt`/`eng.testb`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launch.finetune.examples import DataError, SkipCounter, TaggedExample
+
+LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+FILES = {
+    "train": ("train.txt", "eng.train"),
+    "dev": ("dev.txt", "valid.txt", "eng.testa"),
+    "test": ("test.txt", "eng.testb"),
+}
+
+
+def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
+    for base in (data_dir / "conll2003", data_dir / "CoNLL-2003", data_dir):
+        for name in FILES[split]:
+            if (base / name).is_file():
+                return base / name
+    if required:
+        raise DataError(f"missing the CoNLL-2003 {split} split: none of {list(FILES[split])} in {data_dir}")
+    return None
+
+
+def read_conll(path: Path, *, skips: SkipCounter | None = None) -> list[TaggedExample]:
+    """Sentences in file order; each carries its document id so document context can be rebuilt."""
+    skips = skips or SkipCounter()
+    known = set(LABELS)
+    examples: list[TaggedExample] = []
+    words: list[str] = []
+    tags: list[str] = []
+    doc = 0
+    start_line = 0
+
+    def flush() -> None:
+        if words:
+            examples.append(TaggedExample(f"{path.stem}-{start_line}", tuple(words), tuple(tags), f"doc{doc}"))
+            words.clear()
+            tags.clear()
+
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                flush()
+                continue
+            if line.startswith("-DOCSTART-"):
+                flush()
+                doc += 1
+                continue
+            fields = line.split()
+            if len(fields) != 4:
+                skips.malformed(path, line_no, f"expected 4 space-separated fields (word POS chunk NER), got {len(fields)}")
+                continue
+            if fields[3] not in known:
+                raise DataError(f"{path}:{line_no}: unknown NER tag {fields[3]!r}; CoNLL-2003 tags are {list(LABELS)}")
+            if not words:
+                start_line = line_no
+            words.append(fields[0])
+            tags.append(fields[3])
+    flush()
+    skips.log(str(path))
+    return examples

@@ -1,0 +1,127 @@
+"""Example types shared by every task, and strict delimited-file reading with file:line errors.
+
+A reader turns one split file into a list of examples; it never drops a line silently. A malformed
+line raises `DataError` naming `file:line`, unless the caller asked to skip malformed lines, in which
+case the skip is counted and logged with the first few locations.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+logger = logging.getLogger(__name__)
+
+# GLUE's TSVs hold fields longer than csv's default limit (131072) in a few rows of QQP/MNLI.
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+
+class DataError(ValueError):
+    """Bad downstream input (missing split, malformed line, unknown label): the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class TextExample:
+    """One sentence or sentence pair with a class label (str), a regression target (float) or None (test)."""
+
+    guid: str
+    text_a: str
+    text_b: str | None = None
+    label: str | float | None = None
+
+
+@dataclass(frozen=True)
+class TaggedExample:
+    """One sentence as words with one tag per word (None on test data); `doc_id` groups a document's sentences."""
+
+    guid: str
+    words: tuple[str, ...]
+    tags: tuple[str, ...] | None = None
+    doc_id: str = ""
+
+
+@dataclass(frozen=True)
+class ChoiceExample:
+    """A multiple-choice item: a context, the shared start of each ending, the endings, the gold index."""
+
+    guid: str
+    context: str
+    start: str
+    endings: tuple[str, ...]
+    label: int | None = None
+
+
+@dataclass(frozen=True)
+class QAExample:
+    """A SQuAD question over a context; `answers` are `{text, answer_start}` dicts (all of them, for scoring)."""
+
+    guid: str
+    question: str
+    context: str
+    answers: tuple[dict, ...] = ()
+    title: str = ""
+
+
+@dataclass
+class SkipCounter:
+    """Counts lines skipped as malformed (when the user allowed it), keeping a few locations to report."""
+
+    allow: bool = False
+    count: int = 0
+    where: list[str] = field(default_factory=list)
+
+    def malformed(self, path: Path, line: int, why: str) -> None:
+        if not self.allow:
+            raise DataError(f"{path}:{line}: {why} (fix the line, or pass --skip-malformed to skip such lines)")
+        self.count += 1
+        if len(self.where) < 5:
+            self.where.append(f"{path.name}:{line} ({why})")
+
+    def log(self, what: str) -> None:
+        if self.count:
+            logger.warning("%s: skipped %d malformed line(s), e.g. %s", what, self.count, "; ".join(self.where))
+
+
+def require_file(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise DataError(f"{what}: expected the file {path}, which does not exist")
+    return path
+
+
+def read_delimited(
+    path: Path, delimiter: str, *, header: bool, quoting: int = csv.QUOTE_NONE
+) -> tuple[list[str] | None, Iterator[tuple[int, list[str]]]]:
+    """(header fields or None, iterator of (1-based line number, fields)) for a TSV/CSV file.
+
+    GLUE's TSVs are read unquoted (quotes are text there, as in the GLUE reference code); CSVs
+    (SWAG, user data) are read with standard quoting. Blank lines are skipped.
+    """
+    f = open(path, encoding="utf-8-sig", newline="")
+    reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
+    head: list[str] | None = None
+    if header:
+        try:
+            head = next(reader)
+        except StopIteration:
+            f.close()
+            raise DataError(f"{path}: the file is empty; expected a header line") from None
+
+    def rows() -> Iterator[tuple[int, list[str]]]:
+        with f:
+            for fields in reader:
+                if not fields or (len(fields) == 1 and not fields[0].strip()):
+                    continue
+                yield reader.line_num, fields
+
+    return head, rows()
+
+
+def column_index(header: Sequence[str], name: str, path: Path) -> int:
+    try:
+        return list(header).index(name)
+    except ValueError:
+        raise DataError(f"{path}: no column named {name!r} in the header ({', '.join(header)})") from None

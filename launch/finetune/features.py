@@ -1,0 +1,192 @@
+"""Examples -> token-id features -> padded batches, for sequence, tagging and multiple-choice tasks.
+
+Features are unpadded lists; `collate` pads each batch only to its longest member (dynamic
+padding), so short GLUE sentences do not pay for `max_seq_len`. Shape legend: B batch, L length,
+C choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from launch.finetune.examples import ChoiceExample, TaggedExample, TextExample
+
+IGNORE = -100  # label of positions that carry no loss (sub-tokens after the first, context, padding)
+
+
+@dataclass
+class Feature:
+    input_ids: list[int]
+    token_type_ids: list[int]
+    label: int | float | list[int] | None = None
+    example_index: int = 0
+    # tagging: the word index that each labelled (first sub-token) position predicts, in order
+    word_index: list[int] = field(default_factory=list)
+
+
+def text_features(
+    examples: Sequence[TextExample], tokenizer, *, max_seq_len: int, label_ids: dict[str, int] | None
+) -> list[Feature]:
+    """[CLS] A [SEP] (B [SEP]); pairs are cut longest-first to `max_seq_len`, as in the BERT reference."""
+    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
+    try:
+        inputs = [(ex.text_a, ex.text_b) if ex.text_b is not None else ex.text_a for ex in examples]
+        encodings = tokenizer.encode_batch(inputs)
+    finally:
+        tokenizer.no_truncation()
+    out = []
+    for i, (ex, enc) in enumerate(zip(examples, encodings)):
+        if ex.label is None:
+            label = None
+        elif label_ids is None:
+            label = float(ex.label)
+        else:
+            label = label_ids[str(ex.label)]
+        out.append(Feature(enc.ids, enc.type_ids, label, i))
+    return out
+
+
+def choice_features(examples: Sequence[ChoiceExample], tokenizer, *, max_seq_len: int) -> list[Feature]:
+    """One [CLS] context [SEP] start+ending [SEP] sequence per choice; `input_ids` holds C lists."""
+    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
+    try:
+        pairs = [(ex.context, f"{ex.start} {ending}".strip()) for ex in examples for ending in ex.endings]
+        encodings = tokenizer.encode_batch(pairs)
+    finally:
+        tokenizer.no_truncation()
+    out, k = [], 0
+    for i, ex in enumerate(examples):
+        encs = encodings[k : k + len(ex.endings)]
+        k += len(ex.endings)
+        out.append(Feature([e.ids for e in encs], [e.type_ids for e in encs], ex.label, i))
+    return out
+
+
+def tag_features(
+    examples: Sequence[TaggedExample],
+    tokenizer,
+    *,
+    max_seq_len: int,
+    label_ids: dict[str, int],
+    doc_context: bool = False,
+) -> list[Feature]:
+    """Label the first sub-token of each word; others carry IGNORE (the paper's NER setup).
+
+    A sentence longer than the window is split into consecutive chunks of whole words, so every
+    word gets a prediction. With `doc_context`, the rest of the window is filled with the
+    neighbouring sentences of the same document (unlabelled), the paper's "maximal document context".
+    """
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    encodings = tokenizer.encode_batch([list(ex.words) for ex in examples], is_pretokenized=True, add_special_tokens=False)
+    unk = tokenizer.token_to_id("[UNK]")
+    # Per sentence: sub-token ids per word (a word the vocab cannot split still gets one [UNK]).
+    per_word: list[list[list[int]]] = []
+    for ex, enc in zip(examples, encodings):
+        words: list[list[int]] = [[] for _ in ex.words]
+        for tid, wid in zip(enc.ids, enc.word_ids):
+            if wid is not None:
+                words[wid].append(tid)
+        per_word.append([w or [unk] for w in words])
+    budget = max_seq_len - 2
+    out: list[Feature] = []
+    for i, ex in enumerate(examples):
+        chunk_ids: list[int] = []
+        chunk_labels: list[int] = []
+        chunk_words: list[int] = []
+
+        def emit() -> None:
+            ids, labels = chunk_ids[:], chunk_labels[:]
+            if doc_context:
+                ids, labels = _add_context(examples, per_word, i, ids, labels, budget)
+            out.append(Feature([cls_id] + ids + [sep_id], [0] * (len(ids) + 2),
+                               [IGNORE] + labels + [IGNORE], i, chunk_words[:]))
+
+        for w, pieces in enumerate(per_word[i]):
+            pieces = pieces[:budget]  # a single word longer than the window keeps its first pieces
+            if len(chunk_ids) + len(pieces) > budget:
+                emit()
+                chunk_ids.clear(), chunk_labels.clear(), chunk_words.clear()
+            gold = label_ids[ex.tags[w]] if ex.tags is not None else 0
+            chunk_ids.extend(pieces)
+            chunk_labels.extend([gold] + [IGNORE] * (len(pieces) - 1))
+            chunk_words.append(w)
+        emit()
+    return out
+
+
+def _add_context(examples, per_word, i, ids, labels, budget):
+    """Grow the window with whole neighbouring sentences of the same document, alternating sides."""
+    doc = examples[i].doc_id
+    left, right = i - 1, i + 1
+    while len(ids) < budget and (left >= 0 or right < len(examples)):
+        grew = False
+        for j in (left, right):
+            if 0 <= j < len(examples) and examples[j].doc_id == doc and doc:
+                toks = [t for w in per_word[j] for t in w]
+                if len(ids) + len(toks) <= budget:
+                    if j < i:
+                        ids, labels = toks + ids, [IGNORE] * len(toks) + labels
+                    else:
+                        ids, labels = ids + toks, labels + [IGNORE] * len(toks)
+                    grew = True
+        if not grew:
+            break
+        left, right = left - 1, right + 1
+    return ids, labels
+
+
+class LengthGroupedBatches:
+    """Random batches of similar length (HF's `group_by_length`): less padding, same examples per epoch.
+
+    Each epoch shuffles, cuts the order into mega-batches of 50 batches, sorts each by length and
+    splits it into batches, then shuffles the batches. Deterministic given the generator's seed.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, generator: torch.Generator, mega: int = 50) -> None:
+        self.lengths, self.batch_size, self.generator, self.mega = list(lengths), batch_size, generator, mega
+
+    def __len__(self) -> int:
+        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self):
+        perm = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        span = self.batch_size * self.mega
+        batches = []
+        for start in range(0, len(perm), span):
+            chunk = sorted(perm[start : start + span], key=lambda i: self.lengths[i], reverse=True)
+            batches += [chunk[k : k + self.batch_size] for k in range(0, len(chunk), self.batch_size)]
+        for b in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[b]
+
+
+def collate(features: Sequence[Feature], *, pad_id: int = 0, regression: bool = False) -> dict[str, torch.Tensor]:
+    """Pad to the longest in the batch: input_ids / token_type_ids / attention_mask [B, L] (or [B, C, L])."""
+    first = features[0].input_ids
+    choices = bool(first) and isinstance(first[0], list)
+    rows = [seq for f in features for seq in (f.input_ids if choices else [f.input_ids])]
+    types = [seq for f in features for seq in (f.token_type_ids if choices else [f.token_type_ids])]
+    length = max(len(r) for r in rows)
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    tt = torch.zeros((len(rows), length), dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for r, (seq, ty) in enumerate(zip(rows, types)):
+        ids[r, : len(seq)] = torch.tensor(seq)
+        tt[r, : len(ty)] = torch.tensor(ty)
+        mask[r, : len(seq)] = 1
+    batch = {"input_ids": ids, "token_type_ids": tt, "attention_mask": mask}
+    if choices:
+        c = len(first)
+        batch = {k: v.view(len(features), c, length) for k, v in batch.items()}
+    labels = [f.label for f in features]
+    if all(lab is not None for lab in labels):
+        if isinstance(labels[0], list):  # per-token labels
+            lab = torch.full((len(features), length), IGNORE, dtype=torch.long)
+            for r, seq in enumerate(labels):
+                lab[r, : len(seq)] = torch.tensor(seq)
+            batch["labels"] = lab
+        else:
+            batch["labels"] = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
+    return batch

@@ -1,0 +1,143 @@
+"""Sweep results -> the best config per task, a markdown table laid out like the paper's Table 1, a plot.
+
+Pure functions over trial records (`{"point": {...}, "metrics": {...} | None, "error": str | None}`)
+so they are tested without Ray and reused by anything that collects trial results.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from launch.finetune.tasks import PAPER_ORDER, get_task
+
+# Column titles and metric abbreviations as the paper prints them.
+TITLES = {"mnli": "MNLI-(m/mm)", "qqp": "QQP", "qnli": "QNLI", "sst2": "SST-2", "cola": "CoLA", "stsb": "STS-B",
+          "mrpc": "MRPC", "rte": "RTE", "wnli": "WNLI", "squad": "SQuAD v1.1", "conll2003": "CoNLL-2003", "swag": "SWAG",
+          "classify": "classify", "regress": "regress", "tag": "tag"}
+METRIC_ABBR = {"accuracy": "Acc", "f1": "F1", "matthews_correlation": "MCC", "spearmanr": "Spearman",
+               "pearson": "Pearson", "exact_match": "EM"}
+GRID_KEYS = ("batch_size", "lr", "epochs")
+
+
+def point_key(point: dict[str, Any]) -> tuple:
+    """A grid point without its seed: trials differing only in seed are restarts of one config."""
+    return tuple(sorted((k, v) for k, v in point.items() if k not in ("seed", "index", "task")))
+
+
+def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task: the grid point with the best mean dev score over seeds, its runs, and failures."""
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for t in trials:
+        by_task[t["point"]["task"]].append(t)
+    out: dict[str, dict[str, Any]] = {}
+    for task, runs in by_task.items():
+        metric = get_task(task).metric
+        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        for r in runs:
+            if r.get("metrics") and r["metrics"].get("score") is not None:
+                groups[point_key(r["point"])].append(r)
+        failed = [r["point"] for r in runs if r.get("error")]
+        if not groups:
+            out[task] = {"metric": metric, "best": None, "failed": failed, "trials": len(runs)}
+            continue
+        def mean(rs):
+            return statistics.fmean(r["metrics"]["score"] for r in rs)
+        best_key = max(groups, key=lambda k: mean(groups[k]))
+        best = groups[best_key]
+        scores = [r["metrics"]["score"] for r in best]
+        config = {k: v for k, v in best[0]["point"].items() if k not in ("seed", "index", "task")}
+        extra = {}
+        if task == "mnli":
+            mm = [r["metrics"].get("mismatched_accuracy") for r in best]
+            if all(v is not None for v in mm):
+                extra["mismatched"] = statistics.fmean(mm)
+        out[task] = {
+            "metric": metric,
+            "best": {"config": config, "score": statistics.fmean(scores),
+                     "std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
+                     "seeds": [r["point"]["seed"] for r in best], "scores": scores,
+                     "best_single": max(scores), **extra},
+            "grid": [{"config": dict(k), "score": mean(rs), "seeds": len(rs)} for k, rs in groups.items()],
+            "failed": failed,
+            "trials": len(runs),
+        }
+    return out
+
+
+def ordered(tasks: Sequence[str]) -> list[str]:
+    rank = {name: i for i, name in enumerate(PAPER_ORDER)}
+    return sorted(tasks, key=lambda t: (rank.get(t, len(rank)), t))
+
+
+def _cell(task: str, info: dict[str, Any]) -> str:
+    best = info.get("best")
+    if best is None:
+        return "failed"
+    text = f"{100 * best['score']:.1f}" if task not in ("squad",) else f"{best['score']:.1f}"
+    if task == "mnli" and "mismatched" in best:
+        text += f"/{100 * best['mismatched']:.1f}"
+    if len(best["scores"]) > 1:
+        text += f" ±{(100 if task != 'squad' else 1) * best['std']:.1f}"
+    return text
+
+
+def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
+    """Tasks as columns in the paper's order, the dev score x100, an average, the chosen config."""
+    tasks = ordered(list(summary))
+    head = "| System | " + " | ".join(TITLES.get(t, t) for t in tasks) + " | Average |"
+    rule = "|---|" + "---|" * (len(tasks) + 1)
+    metric_row = "| (dev metric) | " + " | ".join(METRIC_ABBR.get(summary[t]["metric"], summary[t]["metric"]) for t in tasks) + " | |"
+    points = [summary[t]["best"]["score"] * (1 if t == "squad" else 100) for t in tasks if summary[t]["best"]]
+    avg = f"{statistics.fmean(points):.1f}" if points and len(points) == len(tasks) else "-"
+    score_row = f"| {name} | " + " | ".join(_cell(t, summary[t]) for t in tasks) + f" | {avg} |"
+
+    def cfg(t: str) -> str:
+        best = summary[t]["best"]
+        if best is None:
+            return "-"
+        c = best["config"]
+        return f"lr {c.get('lr', '?'):g}, bs {c.get('batch_size', '?')}, ep {c.get('epochs', '?')}"
+
+    config_row = "| best config | " + " | ".join(cfg(t) for t in tasks) + " | |"
+    lines = [head, rule, metric_row, score_row, config_row]
+    failed = {t: len(summary[t]["failed"]) for t in tasks if summary[t]["failed"]}
+    if failed:
+        lines += ["", "Failed trials (after retries): " + ", ".join(f"{t}: {n}" for t, n in failed.items())]
+    return "\n".join(lines) + "\n"
+
+
+def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any]], path: Path) -> None:
+    """Dev metric against learning rate, one line per (batch size, epochs), one panel per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = ordered(list(summary))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        lines: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for t in trials:
+            p, m = t["point"], t.get("metrics")
+            if p["task"] != task or not m or m.get("score") is None:
+                continue
+            lines[(p.get("batch_size"), p.get("epochs"))][float(p.get("lr", 0))].append(m["score"])
+        for (bs, ep), by_lr in sorted(lines.items(), key=lambda kv: str(kv[0])):
+            lrs = sorted(by_lr)
+            ax.plot(lrs, [statistics.fmean(by_lr[lr]) for lr in lrs], marker="o", label=f"bs {bs}, ep {ep}")
+            for lr in lrs:
+                if len(by_lr[lr]) > 1:
+                    ax.scatter([lr] * len(by_lr[lr]), by_lr[lr], s=8, alpha=0.5)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel(f"dev {summary[task]['metric']}")
+        ax.set_title(TITLES.get(task, task))
+        if lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

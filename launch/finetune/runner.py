@@ -1,0 +1,238 @@
+"""One fine-tuning run: checkpoint + task -> trained head, dev metrics, predictions, HF model.
+
+`Finetuner(cfg).run()` reads: validate everything (data, labels, checkpoint, vocab) before any
+training, then train (AdamW, linear warm-up and decay, gradient clipping, bf16 autocast on CUDA),
+then evaluate every dev/test split and write the outputs. The final model is the one evaluated,
+as in the paper (no early stopping on dev).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from launch.config import save_config
+from launch.finetune.checkpoint import load_tokenizer, open_checkpoint
+from launch.finetune.config import FinetuneConfig
+from launch.finetune.examples import DataError
+from launch.finetune.features import LengthGroupedBatches
+from launch.finetune.kinds import Task, TaskData
+from launch.finetune.tasks import get_task
+
+logger = logging.getLogger(__name__)
+
+SUBSET_SEED = 0  # subsets are the same for every trial seed: seeds then vary only init and order
+
+
+def _model_class(kind: str):
+    from model.heads import (
+        BertForMultipleChoice,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+
+    return {"sequence": BertForSequenceClassification, "qa": BertForQuestionAnswering,
+            "token": BertForTokenClassification, "choice": BertForMultipleChoice}[kind]
+
+
+def _subset(items: list, n: int | None) -> list:
+    if n is None or n >= len(items):
+        return items
+    keep = np.sort(np.random.default_rng(SUBSET_SEED).permutation(len(items))[:n])
+    return [items[i] for i in keep]
+
+
+def _length(feat: Any) -> int:
+    ids = feat.input_ids
+    return max(len(x) for x in ids) if ids and isinstance(ids[0], list) else len(ids)
+
+
+def _device(cfg: FinetuneConfig) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """No weight decay on biases and LayerNorm weights (as the BERT reference optimizer)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Finetuner:
+    """Owns one run's state: config, task, tokenizer, data, model, optimizer."""
+
+    def __init__(self, cfg: FinetuneConfig, on_epoch_end: Callable[[int, float], None] | None = None) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.task: Task = get_task(cfg.task)
+        self.on_epoch_end = on_epoch_end
+        self.device = _device(cfg)
+        self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+
+    # -- setup: every check happens here, before the first step ----------------------------------------
+
+    def prepare(self) -> None:
+        cfg = self.cfg
+        data_dir = Path(cfg.data_dir)
+        if not data_dir.is_dir():
+            raise DataError(f"--data-dir {data_dir} is not a directory")
+        self.ckpt = open_checkpoint(cfg.checkpoint, cfg.vocab)
+        self.tokenizer = load_tokenizer(self.ckpt)
+        self.data: TaskData = self.task.load(data_dir, cfg)
+        self.data.train = _subset(self.data.train, cfg.max_train_samples)
+        for split in self.data.evals:
+            split.examples = _subset(split.examples, cfg.max_eval_samples)
+        if not self.data.train:
+            raise DataError(f"{self.task.name}: the training split is empty")
+        t0 = time.perf_counter()
+        self.train_feats = self.task.featurize(self.data.train, self.tokenizer, cfg, self.data, training=True)
+        self.eval_feats = [self.task.featurize(s.examples, self.tokenizer, cfg, self.data, training=False)
+                           for s in self.data.evals]
+        logger.info("%s: %d train examples (%d features), evals %s; featurised in %.1fs", self.task.name,
+                    len(self.data.train), len(self.train_feats),
+                    ", ".join(f"{s.name}={len(s.examples)}" for s in self.data.evals), time.perf_counter() - t0)
+        from model.hf import load_pretrained
+
+        torch.manual_seed(cfg.seed)  # head initialisation
+        try:
+            model, report = load_pretrained(_model_class(self.task.model_kind), self.ckpt.hf_dir,
+                                            **self.task.head_kwargs(self.data))
+        except (ValueError, KeyError) as err:
+            raise DataError(f"cannot load checkpoint {cfg.checkpoint}: {err}") from None
+        if report.unexpected_keys and not report.initialized_heads:
+            logger.warning("checkpoint tensors ignored: %s", report.unexpected_keys[:8])
+        if cfg.freeze:
+            for p in model.bert.parameters():
+                p.requires_grad_(False)
+        self.model = model.to(self.device)
+
+    # -- training ----------------------------------------------------------------------------------------
+
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(cfg.seed)
+        if cfg.group_by_length:
+            batches = LengthGroupedBatches([_length(f) for f in self.train_feats], cfg.batch_size, gen)
+            loader = DataLoader(self.train_feats, batch_sampler=batches, collate_fn=self.task.collate)
+        else:
+            loader = DataLoader(self.train_feats, batch_size=cfg.batch_size, shuffle=True, generator=gen,
+                                collate_fn=self.task.collate)
+        steps = cfg.epochs * len(loader)
+        warmup = int(cfg.warmup * steps)
+        # fused: one kernel over all parameters (CPU and CUDA), a large share of a small model's step time.
+        opt = torch.optim.AdamW(_param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6,
+                                fused=True)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup)))
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc=f"finetune {self.task.name}", unit="step", disable=not cfg.progress, dynamic_ncols=True)
+        t0 = time.perf_counter()
+        losses: list[float] = []
+        self.model.train()
+        for epoch in range(cfg.epochs):
+            epoch_loss, n = 0.0, 0
+            for batch in loader:
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                    out = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                loss = self.task.loss(out, batch)
+                if not math.isfinite(loss.item()):
+                    raise FloatingPointError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                epoch_loss += loss.item()
+                n += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{sched.get_last_lr()[0]:.2e}")
+            losses.append(epoch_loss / max(n, 1))
+            logger.info("%s epoch %d/%d: mean train loss %.4f", self.task.name, epoch + 1, cfg.epochs, losses[-1])
+            if self.on_epoch_end is not None:
+                self.on_epoch_end(epoch + 1, losses[-1])
+        bar.close()
+        return {"train_loss": losses[-1], "train_seconds": time.perf_counter() - t0, "train_steps": steps,
+                "train_examples": len(self.data.train)}
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def predict(self, feats: list) -> list[np.ndarray]:
+        """Per-feature outputs in feature order; batches are length-sorted so padding stays small."""
+        self.model.eval()
+        order = sorted(range(len(feats)), key=lambda i: _length(feats[i]))
+        outputs: list[np.ndarray | None] = [None] * len(feats)
+        bs = self.cfg.eval_batch_size
+        for start in range(0, len(order), bs):
+            idx = order[start : start + bs]
+            batch = {k: v.to(self.device) for k, v in self.task.collate([feats[i] for i in idx]).items()}
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                out = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            for i, row in zip(idx, self.task.gather(out, batch)):
+                outputs[i] = row
+        return outputs  # type: ignore[return-value]
+
+    def evaluate(self) -> dict[str, float]:
+        results: dict[str, float] = {}
+        for split, feats in zip(self.data.evals, self.eval_feats):
+            t0 = time.perf_counter()
+            scores = self.task.score(split, feats, self.predict(feats), self.data, self.out, self.cfg)
+            results.update({f"{split.prefix}{k}": v for k, v in scores.items()})
+            if split.labelled:
+                results[f"{split.prefix}eval_examples"] = len(split.examples)
+                logger.info("%s %s: %s (%.1fs)", self.task.name, split.name,
+                            ", ".join(f"{k}={v:.4f}" for k, v in scores.items()), time.perf_counter() - t0)
+        return results
+
+    # -- the run -------------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        save_config(self.cfg, self.out / "config.yaml")
+        self.prepare()
+        train_stats = self.train()
+        dev = self.evaluate()
+        result = {"task": self.task.name, "metric": self.task.metric, "score": dev.get(self.task.metric),
+                  **dev, **train_stats, "device": str(self.device), "bf16": self.bf16,
+                  "checkpoint": str(self.cfg.checkpoint)}
+        (self.out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+        if self.cfg.save_model:
+            self.save()
+        return result
+
+    def save(self) -> Path:
+        from model.hf import save_pretrained
+
+        extra: dict[str, Any] = {"finetuning_task": self.task.name}
+        if self.data.labels:
+            extra["id2label"] = {str(i): name for i, name in enumerate(self.data.labels)}
+            extra["label2id"] = {name: i for i, name in enumerate(self.data.labels)}
+        path = save_pretrained(self.model, self.out / "model", vocab_file=self.ckpt.vocab_file, extra_config=extra)
+        (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": self.ckpt.lowercase,
+                                                                 "tokenizer_class": "BertTokenizer"}) + "\n")
+        return path
+
+
+def finetune(cfg: FinetuneConfig, **kwargs: Any) -> dict[str, Any]:
+    """Run one fine-tuning job; returns what it wrote to OUT/metrics.json."""
+    return Finetuner(cfg, **kwargs).run()

@@ -1,0 +1,261 @@
+"""SQuAD v1.1: reader, windowed features (doc stride, max query length), n-best post-processing, scorer.
+
+Windows follow the original BERT `run_squad.py`: the question (cut to `max_query_length` tokens) is
+sentence A; the context is split into windows of what is left of `max_seq_len`, the next window
+starting `doc_stride` tokens later; a token's prediction is taken only from the window where it has
+the most context on both sides. Answers are cut from the original context by character offsets.
+The scorer reproduces the official v1.1 `evaluate-v1.1.py` (normalisation: lower case, drop
+punctuation, drop the articles a/an/the, collapse whitespace; EM and F1 maxed over the gold answers).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from launch.finetune.examples import DataError, QAExample
+
+logger = logging.getLogger(__name__)
+
+FILES = {"train": ("train-v1.1.json", "train.json"), "dev": ("dev-v1.1.json", "dev.json")}
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
+    for base in (data_dir / "squad", data_dir / "SQuAD", data_dir):
+        for name in FILES[split]:
+            if (base / name).is_file():
+                return base / name
+        if base.is_dir():
+            # e.g. `dev-v1.1-subset.json`: accept one unambiguous `<split>*.json`
+            hits = sorted(base.glob(f"{split}*.json"))
+            if len(hits) == 1:
+                return hits[0]
+    if required:
+        raise DataError(f"missing the SQuAD {split} split: none of {list(FILES[split])} (or one {split}*.json) in {data_dir}")
+    return None
+
+
+def read_squad(path: Path) -> list[QAExample]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise DataError(f"{path}: not a SQuAD file (expected an object with a `data` list of articles)")
+    out: list[QAExample] = []
+    for a, article in enumerate(data["data"]):
+        try:
+            for paragraph in article["paragraphs"]:
+                context = paragraph["context"]
+                for qa in paragraph["qas"]:
+                    answers = tuple({"text": x["text"], "answer_start": int(x["answer_start"])} for x in qa.get("answers", []))
+                    out.append(QAExample(qa["id"], qa["question"], context, answers, article.get("title", "")))
+        except (KeyError, TypeError) as err:
+            raise DataError(f"{path}: article {a} is malformed (missing or wrong field {err}); expected SQuAD v1.1 layout") from None
+    return out
+
+
+# ---- the official v1.1 scorer ----------------------------------------------------------------------
+
+def normalize_answer(s: str) -> str:
+    """Exactly the official v1.1 normalisation, in its order: lower, punctuation, articles, whitespace."""
+    s = s.lower()
+    exclude = set(string.punctuation)
+    s = "".join(ch for ch in s if ch not in exclude)
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def f1_score(prediction: str, ground_truth: str) -> float:
+    pred = normalize_answer(prediction).split()
+    gold = normalize_answer(ground_truth).split()
+    common = collections.Counter(pred) & collections.Counter(gold)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def exact_match_score(prediction: str, ground_truth: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(ground_truth))
+
+
+def evaluate(examples: Iterable[QAExample], predictions: dict[str, str]) -> dict[str, float]:
+    """{'exact_match', 'f1'} in percent; an unanswered question scores 0 (as the official script)."""
+    em = f1 = 0.0
+    total = missing = 0
+    for ex in examples:
+        total += 1
+        if ex.guid not in predictions:
+            missing += 1
+            continue
+        golds = [a["text"] for a in ex.answers]
+        pred = predictions[ex.guid]
+        em += max(exact_match_score(pred, g) for g in golds)
+        f1 += max(f1_score(pred, g) for g in golds)
+    if missing:
+        logger.warning("%d question(s) had no prediction and score 0", missing)
+    return {"exact_match": 100.0 * em / max(total, 1), "f1": 100.0 * f1 / max(total, 1)}
+
+
+# ---- features ---------------------------------------------------------------------------------------
+
+@dataclass
+class QAFeature:
+    example_index: int
+    input_ids: list[int]
+    token_type_ids: list[int]
+    # per position: (char start, char end) in the context for context tokens, None elsewhere
+    offsets: list[tuple[int, int] | None]
+    max_context: list[bool]
+    start_position: int = 0  # training target; 0 ([CLS]) when the answer is not in this window
+    end_position: int = 0
+
+
+def _windows(n: int, max_doc: int, stride: int) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    while True:
+        length = min(n - start, max_doc)
+        spans.append((start, length))
+        if start + length >= n:
+            return spans
+        start += min(length, stride)
+
+
+def _is_max_context(spans: Sequence[tuple[int, int]], cur: int, pos: int) -> bool:
+    """Whether window `cur` gives token `pos` the most context (min of left/right, ties to longer window)."""
+    best_score, best = None, None
+    for i, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if pos < start or pos > end:
+            continue
+        score = min(pos - start, end - pos) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best = score, i
+    return cur == best
+
+
+def _answer_tokens(offsets: Sequence[tuple[int, int]], start_char: int, end_char: int) -> tuple[int, int] | None:
+    start = next((i for i, (_, e) in enumerate(offsets) if e > start_char), None)
+    end = next((i for i in range(len(offsets) - 1, -1, -1) if offsets[i][0] < end_char), None)
+    if start is None or end is None or end < start:
+        return None
+    return start, end
+
+
+def build_features(
+    examples: Sequence[QAExample],
+    tokenizer,
+    *,
+    max_seq_len: int,
+    doc_stride: int,
+    max_query_length: int,
+    training: bool,
+) -> tuple[list[QAFeature], int]:
+    """(features, number of training examples skipped because their answer is not in the context)."""
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    questions = tokenizer.encode_batch([ex.question for ex in examples], add_special_tokens=False)
+    contexts = tokenizer.encode_batch([ex.context for ex in examples], add_special_tokens=False)
+    features: list[QAFeature] = []
+    skipped = 0
+    for index, (ex, q_enc, c_enc) in enumerate(zip(examples, questions, contexts)):
+        q_ids = q_enc.ids[:max_query_length]
+        doc_ids, doc_offsets = c_enc.ids, c_enc.offsets
+        max_doc = max_seq_len - len(q_ids) - 3
+        if max_doc < 1:
+            raise DataError(f"max_seq_len {max_seq_len} leaves no room for the context after a {len(q_ids)}-token question; raise --max-seq-len or lower --max-query-length")
+        answer = None
+        if training:
+            a = ex.answers[0] if ex.answers else None
+            if a is not None:
+                s = a["answer_start"]
+                e = s + len(a["text"])
+                if ex.context[s:e] == a["text"]:
+                    answer = _answer_tokens(doc_offsets, s, e)
+            if answer is None:
+                skipped += 1
+                continue
+        spans = _windows(len(doc_ids), max_doc, doc_stride)
+        for w, (start, length) in enumerate(spans):
+            head = [cls_id] + q_ids + [sep_id]
+            ids = head + doc_ids[start : start + length] + [sep_id]
+            types = [0] * len(head) + [1] * (length + 1)
+            offsets: list[tuple[int, int] | None] = [None] * len(head)
+            offsets += [tuple(doc_offsets[i]) for i in range(start, start + length)] + [None]
+            max_ctx = [False] * len(head) + [_is_max_context(spans, w, start + i) for i in range(length)] + [False]
+            feat = QAFeature(index, ids, types, offsets, max_ctx)
+            if answer is not None:
+                a_start, a_end = answer
+                if start <= a_start and a_end < start + length:
+                    feat.start_position = a_start - start + len(head)
+                    feat.end_position = a_end - start + len(head)
+            features.append(feat)
+    return features, skipped
+
+
+# ---- post-processing ---------------------------------------------------------------------------------
+
+def postprocess(
+    examples: Sequence[QAExample],
+    features: Sequence[QAFeature],
+    start_logits: Sequence[np.ndarray],
+    end_logits: Sequence[np.ndarray],
+    *,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+) -> tuple[dict[str, str], dict[str, list[dict]]]:
+    """(best answer per question id, n-best list per id with text, start/end logit and probability)."""
+    by_example: dict[int, list[int]] = collections.defaultdict(list)
+    for i, feat in enumerate(features):
+        by_example[feat.example_index].append(i)
+    best: dict[str, str] = {}
+    nbest: dict[str, list[dict]] = {}
+    for ex_index, ex in enumerate(examples):
+        candidates = []
+        for fi in by_example.get(ex_index, []):
+            feat, s_log, e_log = features[fi], start_logits[fi], end_logits[fi]
+            n = len(feat.input_ids)
+            starts = np.argsort(s_log[:n])[::-1][:n_best]
+            ends = np.argsort(e_log[:n])[::-1][:n_best]
+            for s in starts:
+                if feat.offsets[s] is None or not feat.max_context[s]:
+                    continue
+                for e in ends:
+                    if feat.offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    char_s, char_e = feat.offsets[s][0], feat.offsets[e][1]
+                    candidates.append((float(s_log[s] + e_log[e]), float(s_log[s]), float(e_log[e]), char_s, char_e))
+        candidates.sort(key=lambda c: c[0], reverse=True)
+        seen, entries = set(), []
+        for score, s_logit, e_logit, cs, ce in candidates:
+            text = ex.context[cs:ce]
+            if text in seen:
+                continue
+            seen.add(text)
+            entries.append({"text": text, "start_logit": s_logit, "end_logit": e_logit, "score": score})
+            if len(entries) >= n_best:
+                break
+        if not entries:
+            entries = [{"text": "", "start_logit": 0.0, "end_logit": 0.0, "score": 0.0}]
+        top = max(e["score"] for e in entries)
+        weights = [math.exp(e["score"] - top) for e in entries]
+        total = sum(weights)
+        for entry, w in zip(entries, weights):
+            entry["probability"] = w / total
+            del entry["score"]
+        best[ex.guid] = entries[0]["text"]
+        nbest[ex.guid] = entries
+    return best, nbest

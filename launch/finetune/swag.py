@@ -1,0 +1,49 @@
+"""SWAG (multiple choice) in its release layout: `train.csv`, `val.csv`, `test.csv` with the header
+`video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label`
+(test has no `label`). As in the paper, sentence A is `sent1` and sentence B is `sent2 + ending_i`.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from launch.finetune.examples import ChoiceExample, DataError, SkipCounter, column_index, read_delimited
+
+FILES = {"train": ("train.csv",), "dev": ("val.csv", "dev.csv"), "test": ("test.csv",)}
+NUM_CHOICES = 4
+
+
+def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
+    for base in (data_dir / "SWAG", data_dir / "swag", data_dir):
+        for name in FILES[split]:
+            if (base / name).is_file():
+                return base / name
+    if required:
+        raise DataError(f"missing the SWAG {split} split: none of {list(FILES[split])} in {data_dir}")
+    return None
+
+
+def read_swag(path: Path, *, labelled: bool, skips: SkipCounter | None = None) -> list[ChoiceExample]:
+    skips = skips or SkipCounter()
+    header, rows = read_delimited(path, ",", header=True, quoting=csv.QUOTE_MINIMAL)
+    assert header is not None
+    id_col = column_index(header, "fold-ind", path)
+    sent1 = column_index(header, "sent1", path)
+    sent2 = column_index(header, "sent2", path)
+    endings = [column_index(header, f"ending{i}", path) for i in range(NUM_CHOICES)]
+    label_col = column_index(header, "label", path) if labelled else None
+    out: list[ChoiceExample] = []
+    for line, fields in rows:
+        if len(fields) != len(header):
+            skips.malformed(path, line, f"expected {len(header)} comma-separated fields, got {len(fields)}")
+            continue
+        label = None
+        if label_col is not None:
+            raw = fields[label_col].strip()
+            if raw not in {str(i) for i in range(NUM_CHOICES)}:
+                raise DataError(f"{path}:{line}: unknown label {raw!r}; SWAG labels are 0..{NUM_CHOICES - 1}")
+            label = int(raw)
+        out.append(ChoiceExample(fields[id_col], fields[sent1], fields[sent2], tuple(fields[i] for i in endings), label))
+    skips.log(str(path))
+    return out

@@ -1,0 +1,138 @@
+"""The user's own data: `classify`, `regress` and `tag` from CSV, TSV or JSONL files.
+
+DIR holds `train.<ext>` and `dev.<ext>` (or `validation.<ext>`), optionally `test.<ext>`, with ext one
+of csv / tsv / jsonl. Columns are named by the user (`--text-column`, `--text-pair-column`,
+`--label-column`). For `tag`, a JSONL row holds lists (words and tags); a CSV/TSV row holds
+space-separated words and tags of equal count.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from launch.finetune.examples import (
+    DataError,
+    SkipCounter,
+    TaggedExample,
+    TextExample,
+    column_index,
+    read_delimited,
+)
+
+EXTENSIONS = ("csv", "tsv", "jsonl")
+SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "validation", "valid"), "test": ("test",)}
+
+
+@dataclass(frozen=True)
+class Columns:
+    text: str = "text"
+    text_pair: str | None = None
+    label: str = "label"
+
+
+def find_split_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
+    for stem in SPLIT_NAMES[split]:
+        for ext in EXTENSIONS:
+            path = data_dir / f"{stem}.{ext}"
+            if path.is_file():
+                return path
+    if required:
+        names = ", ".join(f"{s}.{{{','.join(EXTENSIONS)}}}" for s in SPLIT_NAMES[split])
+        raise DataError(f"missing the {split} split: {data_dir} holds none of {names}")
+    return None
+
+
+def _records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, {column: value}) for each row, with every wanted column present (else malformed)."""
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    skips.malformed(path, line_no, f"not valid JSON ({err.msg})")
+                    continue
+                if not isinstance(row, dict):
+                    skips.malformed(path, line_no, "expected a JSON object per line")
+                    continue
+                missing = [c for c in wanted if c not in row]
+                if missing:
+                    skips.malformed(path, line_no, f"missing key(s) {missing}")
+                    continue
+                yield line_no, row
+        return
+    header, rows = read_delimited(path, "\t" if path.suffix == ".tsv" else ",", header=True, quoting=csv.QUOTE_MINIMAL)
+    assert header is not None
+    index = {c: column_index(header, c, path) for c in wanted}
+    for line_no, fields in rows:
+        if len(fields) != len(header):
+            skips.malformed(path, line_no, f"expected {len(header)} fields, got {len(fields)}")
+            continue
+        yield line_no, {c: fields[i] for c, i in index.items()}
+
+
+def read_text_split(
+    path: Path, cols: Columns, *, labelled: bool, regression: bool, skips: SkipCounter
+) -> list[tuple[int, TextExample]]:
+    """(line, example) pairs; labels are strings (classification) or floats (regression), None if unlabelled."""
+    wanted = [cols.text] + ([cols.text_pair] if cols.text_pair else []) + ([cols.label] if labelled else [])
+    out: list[tuple[int, TextExample]] = []
+    for line, row in _records(path, wanted, skips):
+        label: str | float | None = None
+        if labelled:
+            raw = row[cols.label]
+            if regression:
+                try:
+                    label = float(raw)
+                except (TypeError, ValueError):
+                    skips.malformed(path, line, f"label {raw!r} is not a number (regress needs numeric labels)")
+                    continue
+            else:
+                label = str(raw).strip()
+                if not label:
+                    skips.malformed(path, line, "empty label")
+                    continue
+        text_b = str(row[cols.text_pair]) if cols.text_pair else None
+        out.append((line, TextExample(f"{path.stem}-{line}", str(row[cols.text]), text_b, label)))
+    return out
+
+
+def check_labels(examples: list[tuple[int, TextExample]], labels: tuple[str, ...], path: Path) -> None:
+    known = set(labels)
+    for line, ex in examples:
+        if ex.label not in known:
+            raise DataError(f"{path}:{line}: unknown label {ex.label!r}; the training data's labels are {list(labels)}")
+
+
+def _as_list(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else str(value).split()
+
+
+def read_tag_split(path: Path, cols: Columns, *, labelled: bool, skips: SkipCounter) -> list[tuple[int, TaggedExample]]:
+    wanted = [cols.text] + ([cols.label] if labelled else [])
+    out: list[tuple[int, TaggedExample]] = []
+    for line, row in _records(path, wanted, skips):
+        words = _as_list(row[cols.text])
+        tags = _as_list(row[cols.label]) if labelled else None
+        if not words:
+            skips.malformed(path, line, "no words")
+            continue
+        if tags is not None and len(tags) != len(words):
+            skips.malformed(path, line, f"{len(words)} words but {len(tags)} tags")
+            continue
+        out.append((line, TaggedExample(f"{path.stem}-{line}", tuple(words), tuple(tags) if tags else None)))
+    return out
+
+
+def check_tags(examples: list[tuple[int, TaggedExample]], labels: tuple[str, ...], path: Path) -> None:
+    known = set(labels)
+    for line, ex in examples:
+        for tag in ex.tags or ():
+            if tag not in known:
+                raise DataError(f"{path}:{line}: unknown tag {tag!r}; the training data's tags are {list(labels)}")
