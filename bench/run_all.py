@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-CPU_BENCHMARKS = ["corpus_throughput", "loader_throughput", "model_step", "download_throughput"]
+CPU_BENCHMARKS = ["corpus_throughput", "loader_throughput", "model_step", "finetune_batching", "download_throughput"]
 GPU_BENCHMARKS = ["pretrain_gpu"]
 
 
