@@ -108,14 +108,21 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any], vocab_fil
             os.replace(staging / tag, final)
         _fsync_write(ckpt_dir / "latest", tag + "\n")
         shutil.rmtree(staging, ignore_errors=True)
-        _prune(ckpt_dir, keep_last)
+        _prune(ckpt_dir, keep_last, step)
         log.info("checkpoint %s saved", final)
     dist.barrier()
     return final
 
 
-def _prune(ckpt_dir: Path, keep_last: int) -> None:
-    steps = sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _TAG.match(p.name)) and (p / META).is_file())
+def _prune(ckpt_dir: Path, keep_last: int, current: int) -> None:
+    """Keep the `keep_last` newest checkpoints up to `current`, the one `latest` now names.
+
+    Checkpoints of later steps can exist after a crash between publishing a folder and moving
+    `latest`, and the run resumed from an earlier one: they are not "newer" than `current` (a later
+    save of that step replaces them), so they must never push `current` out of the kept set.
+    """
+    steps = sorted(int(m.group(1)) for p in ckpt_dir.iterdir()
+                   if (m := _TAG.match(p.name)) and (p / META).is_file() and int(m.group(1)) <= current)
     for step in steps[:-keep_last]:
         shutil.rmtree(ckpt_dir / tag_for(step), ignore_errors=True)
         shutil.rmtree(ckpt_dir / f"{tag_for(step)}_universal", ignore_errors=True)

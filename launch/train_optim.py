@@ -139,7 +139,13 @@ class Lamb(torch.optim.Optimizer):
         if self._partitioned and dist.is_available() and dist.is_initialized():
             # Every rank reaches this call once per step() (DeepSpeed steps each group on every
             # rank), even with no local segments, so the collective always matches up.
-            dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self._group)
+            if sq.device.type == "cpu" and dist.get_backend(self._group) == "nccl":
+                # zero.offload_optimizer=cpu hands us CPU partitions, but NCCL reduces GPU tensors only.
+                on_device = sq.to(torch.device("cuda", torch.cuda.current_device()))
+                dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=self._group)
+                sq = on_device.cpu()
+            else:
+                dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self._group)
         w_norm, u_norm = sq.sqrt()
         self.last_norms = (w_norm, u_norm)  # per-parameter ||w||, ||u|| of the last step (for diagnostics)
 

@@ -222,6 +222,11 @@ class Trainer:
             if _dotted(meta["config"], key) != _dotted(mine, key):
                 raise ValueError(f"{key} differs from the checkpoint's ({_dotted(meta['config'], key)!r} there, "
                                  f"{_dotted(mine, key)!r} now); resume with the run's own setting")
+        if meta["config"].get("schedule") != mine["schedule"]:
+            # Allowed (extending a run with --max-steps is legitimate), but never silently: the lr
+            # from here on follows the new curve, not the one the checkpoint was trained on.
+            log.warning("schedule differs from the checkpoint's (%s there, %s now): from step %d the lr follows "
+                        "the new schedule", meta["config"].get("schedule"), mine["schedule"], meta["step"])
         if meta["manifest_sha256"] != sha256_file(self.data_dir / "manifest.json"):
             raise ValueError(f"--data {self.data_dir} is not the corpus this run was trained on (manifest sha256 "
                              f"differs); pass the original corpus directory")
@@ -239,6 +244,18 @@ class Trainer:
         from launch.export import resolve_checkpoint
         from model import BertForPreTraining, load_pretrained
 
+        # A RUN dir is exported on first use: rank 0 does it alone (concurrent exports of the same
+        # folder replace each other under the readers' feet), then every rank reads the result.
+        error = None
+        if self.rank == 0:
+            try:
+                resolve_checkpoint(Path(path))
+            except ValueError as err:
+                error = str(err)
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise ValueError(box[0])
         hf_dir = resolve_checkpoint(Path(path))
         if sha256_file(hf_dir / "vocab.txt") != sha256_file(self.vocab_file):
             raise ValueError(f"{hf_dir / 'vocab.txt'} differs from the corpus vocabulary {self.vocab_file}; "
@@ -321,6 +338,8 @@ class Trainer:
                         continue
                     in_a_row = 0
                     stepped = self.engine.is_gradient_accumulation_boundary()
+                    # The lr this update uses: engine.step() advances the schedule at the boundary.
+                    lr = float(self.engine.get_lr()[0])
                     self.engine.backward(loss)
                     self.engine.step()
                     stats[0] += loss.detach().double()
@@ -336,7 +355,7 @@ class Trainer:
                 now = time.monotonic()
                 step_time, t_last = now - t_last, now
                 ema_step_time = step_time if ema_step_time is None else 0.9 * ema_step_time + 0.1 * step_time
-                record = self._record(stats, step_time, ema_step_time, ids)
+                record = self._record(stats, step_time, ema_step_time, ids, lr)
                 if (cfg.log.eval_every and self.step % cfg.log.eval_every == 0) or self.step == cfg.schedule.total_steps:
                     record.update(self.evaluate())
                 if self.step % cfg.log.log_every == 0 or "eval_mlm_accuracy" in record:
@@ -366,7 +385,8 @@ class Trainer:
         rounds = torch.stack(gathered, dim=1)  # [rounds, world, micro]
         return rounds.reshape(-1).tolist()
 
-    def _record(self, stats: torch.Tensor, step_time: float, ema: float, ids: list[int] | None) -> dict[str, Any]:
+    def _record(self, stats: torch.Tensor, step_time: float, ema: float, ids: list[int] | None,
+                lr: float) -> dict[str, Any]:
         loss_sum, micro, mlm_ok, mlm_n, nsp_ok, nsp_n, tokens, _ = stats.tolist()
         grad_norm = self.engine.get_global_grad_norm()
         scale = getattr(self.engine.optimizer, "cur_scale", None) if self.cfg.precision.dtype == "fp16" else 1.0
@@ -375,7 +395,7 @@ class Trainer:
             "loss": loss_sum / max(micro, 1),
             "mlm_accuracy": mlm_ok / max(mlm_n, 1),
             "nsp_accuracy": nsp_ok / max(nsp_n, 1),
-            "lr": float(self.engine.get_lr()[0]),
+            "lr": lr,
             "grad_norm": None if grad_norm is None else float(grad_norm),
             "loss_scale": None if scale is None else float(scale),
             "samples": self.position,

@@ -32,6 +32,15 @@ def test_phase2_is_seq512_ready_and_fresh():
     p1, p2 = load_config(PretrainConfig, "bert-large-phase1"), load_config(PretrainConfig, "bert-large-phase2")
     assert p1.model.preset == p2.model.preset == "large"
     assert p2.model.activation_checkpointing and p2.schedule.total_steps < p1.schedule.total_steps
+    from model import BertConfig
+
+    # Seq 512 fits the model's positions (preflight would otherwise refuse the seq-512 corpus)...
+    assert BertConfig.preset(p2.model.preset, vocab_size=30522, **p2.model.fields).max_position_embeddings >= 512
+    # ...the same architecture as phase 1, so phase-1 weights load, with a warmup of its own.
+    assert p2.model.fields == p1.model.fields and p2.model.vocab_size == p1.model.vocab_size
+    assert p2.schedule.warmup_ratio > 0 and p2.optim.name == p1.optim.name == "lamb"
+    # Batch geometry divides on a typical node count (8 GPUs x micro batch).
+    assert validate(p2, world_size=8, device_type="cuda") * 8 * p2.data.micro_batch_size == p2.data.global_batch_size
 
 
 def test_fp16_generates_dynamic_loss_scaling():

@@ -89,6 +89,14 @@ def test_loss_falls_under_zero(reference, stage):
     assert all(isinstance(x, float) for x in losses)
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert last < first - 0.2, losses
+    # Each record's lr is the one its update used: the configured schedule, step by step.
+    from launch.config import load_config
+    from launch.train_config import PretrainConfig
+    from launch.train_schedule import lr_multiplier
+
+    schedule = load_config(PretrainConfig, "tiny", [f"schedule.total_steps={STEPS}"]).schedule
+    assert [m[s]["lr"] for s in range(1, STEPS + 1)] == pytest.approx(
+        [0.02 * lr_multiplier(s - 1, schedule) for s in range(1, STEPS + 1)], rel=1e-12)
     # Each step consumed exactly one global batch of distinct samples.
     ids = [i for s in range(1, STEPS + 1) for i in m[s]["sample_ids"]]
     assert len(ids) == len(set(ids)) == 32 * STEPS
@@ -120,6 +128,8 @@ def test_sigkill_then_resume_is_bit_exact_and_resume_on_one_process_keeps_the_sa
     for step in range(1, STEPS + 1):
         assert got[step]["loss"] == ref[step]["loss"], f"step {step}: {got[step]['loss']!r} != {ref[step]['loss']!r}"
         assert got[step]["sample_ids"] == ref[step]["sample_ids"]
+        # The schedule continues exactly (the last step's lr shows in no later loss).
+        assert got[step]["lr"] == ref[step]["lr"], f"step {step}: lr {got[step]['lr']!r} != {ref[step]['lr']!r}"
 
     # Same checkpoint, now 1 process: ZeRO-2 partitions change, so it goes through the universal format.
     run_ok(pretrain_cmd(small_corpus, single, 1, 2, "--resume"), tmp_path / "resume1.log")
@@ -127,6 +137,8 @@ def test_sigkill_then_resume_is_bit_exact_and_resume_on_one_process_keeps_the_sa
     assert f"converting {latest} to a universal checkpoint" in (tmp_path / "resume1.log").read_text()
     for step in range(resumed_from + 1, STEPS + 1):
         assert one[step]["sample_ids"] == ref[step]["sample_ids"], f"step {step} consumed other samples"
+        assert one[step]["samples"] == ref[step]["samples"] == 32 * step
+        assert one[step]["lr"] == ref[step]["lr"], f"step {step}: the universal resume changed the lr schedule"
         # Same data and weights; only dropout streams and reduction order differ.
         assert abs(one[step]["loss"] - ref[step]["loss"]) < 0.05 * ref[step]["loss"]
 
@@ -191,6 +203,21 @@ def test_crash_during_save_leaves_previous_checkpoint_loadable(small_corpus, ref
     assert kept == [f"global_step{STEPS - SAVE_EVERY}", f"global_step{STEPS}"]  # tiny preset keeps the last 2
 
 
+def test_keep_last_never_prunes_the_checkpoint_just_saved(tmp_path):
+    """A crash after publishing global_step12 but before `latest` moved, then a resume from step 8
+    that saves at step 10 with keep_last=1: step 10 (what `latest` names) must survive."""
+    from launch.train_checkpoint import META, _prune
+
+    for step in (4, 8, 10, 12):
+        (tmp_path / f"global_step{step}").mkdir()
+        (tmp_path / f"global_step{step}" / META).write_text("{}")
+    (tmp_path / ".staging-global_step14").mkdir()
+    _prune(tmp_path, 1, 10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step10", "global_step12"]
+    _prune(tmp_path, 2, 12)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step10", "global_step12"]
+
+
 @pytest.mark.slow
 def test_export_loads_in_transformers_with_our_logits(reference, tmp_path):
     import torch
@@ -223,6 +250,25 @@ def test_export_loads_in_transformers_with_our_logits(reference, tmp_path):
         hf = theirs(**enc)
     torch.testing.assert_close(hf.prediction_logits, mine.mlm_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(hf.seq_relationship_logits, mine.nsp_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_init_from_a_phase1_run_starts_from_its_weights_with_a_fresh_schedule_and_loader(
+        small_corpus, reference, tmp_path):
+    """Phase 2's mechanism: 2 processes initialise from a phase-1 RUN dir (exported once, by rank 0)."""
+    phase1 = reference[1]
+    out = tmp_path / "phase2"
+    run_ok(pretrain_cmd(small_corpus, out, 2, 2, f"checkpoint.init_from={phase1}", "--max-steps", "2"),
+           tmp_path / "phase2.log")
+    ref, got = metrics(phase1), metrics(out)
+    assert sorted(got) == [1, 2]
+    # Fresh loader and schedule: the first global batch again, at the schedule's first lr.
+    assert got[1]["sample_ids"] == ref[1]["sample_ids"] and got[1]["lr"] == ref[1]["lr"]
+    # Trained weights: the first batch's loss is near phase 1's end, not its random start.
+    assert got[1]["loss"] < (ref[1]["loss"] + ref[STEPS]["loss"]) / 2, (got[1]["loss"], ref[1]["loss"], ref[STEPS]["loss"])
+    assert (phase1 / "export" / f"global_step{STEPS}" / "model.safetensors").is_file()
+    meta = json.loads((out / "checkpoints" / "global_step2" / "bertpipe.json").read_text())
+    assert meta["step"] == 2 and meta["position"] == 64
 
 
 def test_unknown_run_dir_is_refused(tmp_path):
