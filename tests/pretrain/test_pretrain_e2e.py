@@ -318,3 +318,27 @@ def test_nonfinite_losses_are_skipped_counted_then_stop_the_run(small_corpus, tm
     assert done.returncode == 2
     assert "3 non-finite losses in a row" in done.stderr and "lower optim.lr" in done.stderr
     assert done.stderr.count("micro-batch skipped") == 3
+
+
+@pytest.mark.slow
+def test_finetune_and_features_take_a_run_dir(reference, tmp_path, data_dir):
+    """Anything that takes a checkpoint accepts our RUN dir: ZeRO-2 shards are consolidated on the way."""
+    import numpy as np
+
+    run = reference[2]
+    out = tmp_path / "sst2"
+    cmd = [str(BERTPIPE), "finetune", "--task", "sst2", "--data-dir", str(data_dir / "glue"), "--checkpoint", str(run),
+           "--out", str(out), "--max-train-samples", "64", "--max-eval-samples", "64", "--epochs", "1",
+           "--batch-size", "16", "--max-seq-len", "32", "--no-progress", "--no-save-model"]
+    run_ok(cmd, tmp_path / "finetune.log")
+    result = json.loads((out / "metrics.json").read_text())
+    assert result["task"] == "sst2" and result["metric"] == "accuracy" and 0.0 <= result["score"] <= 1.0
+    assert result["eval_examples"] == 64
+    assert (run / "export" / f"global_step{STEPS}" / "model.safetensors").is_file()
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the captain was at sea.\nanne walked to bath.\n")
+    run_ok([str(BERTPIPE), "features", "--checkpoint", str(run), "--input", str(texts), "--layers", "last",
+            "--pool", "mean", "--out", str(tmp_path / "feats")], tmp_path / "features.log")
+    feats = np.load(tmp_path / "feats.npy")
+    assert feats.shape[0] == 2 and feats.dtype == np.float32 and np.isfinite(feats).all()
