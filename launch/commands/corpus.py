@@ -79,12 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heldout-fraction", default=argparse.SUPPRESS, type=float,
                         help="share of whole documents in the heldout split (default 0.02; 0 for none)")
     parser.add_argument("--docs-per-bucket", default=argparse.SUPPRESS, type=int,
-                        help="NSP negatives come from a hashed bucket of about this many documents")
+                        help="NSP negatives come from a hashed bucket of about this many documents (default 1000)")
     parser.add_argument("--format", default=argparse.SUPPRESS, dest="input_format", choices=["auto", "wiki-xml", "text", "lines", "jsonl"],
                         help="input format (default: sniffed per file); lines = one sentence per line, blank line between documents")
     parser.add_argument("--shard-format", default=argparse.SUPPRESS, choices=["arrow", "parquet"], help="shard files (default arrow IPC)")
     parser.add_argument("--max-document-bytes", default=argparse.SUPPRESS, type=int,
-                        help="skip (and count) documents larger than this")
+                        help="skip (and count) documents larger than this many bytes (default 16000000)")
     parser.add_argument("--runner", default=None,
                         help="Beam runner (default FnApiRunner, local); other Beam options pass through as --name=value")
     parser.add_argument("--examples", type=int, default=3, help="decoded instances `inspect` shows (default 3)")

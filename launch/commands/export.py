@@ -3,8 +3,8 @@
   bertpipe export RUN --out HF_DIR [--tag global_step1000]
 
 Consolidates the ZeRO-partitioned fp32 weights (any stage, any world size) and writes config.json,
-model.safetensors, vocab.txt, tokenizer.json and a model card README.md (corpus, steps, final
-metrics), loadable by `transformers.BertForPreTraining.from_pretrained(HF_DIR)`.
+model.safetensors, vocab.txt, tokenizer.json, tokenizer_config.json and a model card README.md
+(corpus, steps, final metrics), loadable by `transformers.BertForPreTraining.from_pretrained(HF_DIR)`.
 """
 
 from __future__ import annotations
