@@ -1,0 +1,31 @@
+"""`bertpipe demo` (what `make demo` runs) end to end, with a short pre-training so the suite stays quick."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BERTPIPE = Path(sys.executable).with_name("bertpipe")
+
+
+@pytest.mark.slow
+def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
+    out = tmp_path / "demo"
+    done = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    manifest = json.loads((out / "corpus" / "manifest.json").read_text())
+    assert manifest["num_instances"] > 1000 and {s["split"] for s in manifest["shards"]} == {"train", "heldout"}
+    steps = [json.loads(line)["step"] for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 20
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "README.md"):
+        assert (out / "hf_model" / name).is_file(), name
+    assert (out / "loss.png").stat().st_size > 10_000
+    results = json.loads((out / "sweep" / "results.json").read_text())
+    assert len(results["trials"]) == 2
+    # The inspect summary and the sweep's table both reach the user.
+    assert "[CLS]" in done.stdout and "| System | SST-2 | Average |" in done.stdout
