@@ -37,16 +37,12 @@ import torch.nn.functional as F
 from launch.config import load_config
 from launch.train_config import PretrainConfig
 from launch.train_dsconfig import deepspeed_config
-from launch.train_metrics import flops_per_token
+from launch.train_metrics import flops_per_token, spec_peak_tflops
 from launch.train_optim import Lamb, attach_zero_partitioning, build_optimizer
 from model import BertConfig, BertForPreTraining, compile_fast_paths, save_pretrained
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
-# bf16 dense tensor-core peaks from the vendors' spec sheets (TFLOP/s, without sparsity).
-# More specific names first: the first key found in the device name wins (an H100 PCIe is not an SXM).
-SPEC_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A10": 125.0,
-                    "L40S": 362.0, "L40": 181.0, "L4": 121.0}
 
 log = logging.getLogger("bench.pretrain_gpu")
 
@@ -230,7 +226,7 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     init_distributed()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    peak = args.peak_tflops or next((v for k, v in SPEC_PEAK_TFLOPS.items() if k in name), float("nan"))
+    peak = args.peak_tflops or spec_peak_tflops(name) or float("nan")
     mm = measured_matmul_tflops(device, torch.bfloat16 if args.dtype == "bf16" else torch.float32,
                                 8192 if device.type == "cuda" else 512)
     import deepspeed

@@ -125,7 +125,7 @@ class CheckpointSection:
 class LogSection:
     """log_every: steps between metrics lines; eval_every: steps between held-out evaluations (0 = off).
     eval_samples: held-out samples per evaluation. peak_tflops: per-device peak for the MFU
-    estimate (null = not reported). sample_ids: record each step's global sample ids in
+    estimate (null = the spec-sheet bf16 peak of a known GPU in bf16/fp16; not reported on CPU). sample_ids: record each step's global sample ids in
     metrics.jsonl (for audits and the resume tests). max_nonfinite_steps: stop after this many
     non-finite losses in a row.
     """

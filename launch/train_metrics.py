@@ -37,6 +37,17 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+# bf16 dense tensor-core peaks from the vendors' spec sheets (TFLOP/s, without sparsity).
+# More specific names first: the first key found in the device name wins (an H100 PCIe is not an SXM).
+SPEC_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "H800": 989.0,
+                    "A100": 312.0, "A10": 125.0, "L40S": 362.0, "L40": 181.0, "L4": 121.0}
+
+
+def spec_peak_tflops(device_name: str) -> float | None:
+    """The bf16 dense peak of a GPU from its name (`torch.cuda.get_device_name()`), None if unknown."""
+    return next((v for k, v in SPEC_PEAK_TFLOPS.items() if k in device_name), None)
+
+
 def flops_per_token(num_params: int, layers: int, hidden: int, seq_len: float) -> float:
     """Training FLOPs per token: 6N for the matmuls (fwd + bwd) + 12 L H S for attention (PaLM, app. B)."""
     return 6.0 * num_params + 12.0 * layers * hidden * seq_len

@@ -26,7 +26,7 @@ from launch.config import save_config, to_dict
 from launch.train_checkpoint import convert_to_universal, load_rng, read_latest, read_meta, save as save_checkpoint
 from launch.train_config import PretrainConfig, validate
 from launch.train_dsconfig import deepspeed_config, write_deepspeed_config
-from launch.train_metrics import MetricsWriter, flops_per_token
+from launch.train_metrics import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.train_optim import Lamb, attach_zero_partitioning, build_optimizer
 from launch.train_schedule import build_scheduler
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches, read_manifest
@@ -197,6 +197,11 @@ class Trainer:
         )
         self._flops_per_token = flops_per_token(non_embedding, self.bert_config.num_hidden_layers,
                                                 self.bert_config.hidden_size, float(manifest["seq_len"]))
+        # MFU needs the device's peak: configured, else the spec sheet's bf16 figure for a known GPU
+        # running in 16-bit (on CPU, or a GPU we do not know, MFU is not reported).
+        self._peak_tflops = cfg.log.peak_tflops
+        if self._peak_tflops is None and self.device.type == "cuda" and cfg.precision.dtype != "fp32":
+            self._peak_tflops = spec_peak_tflops(torch.cuda.get_device_name(self.device))
         self.metrics = MetricsWriter(
             self.run_dir, enabled=self.rank == 0, tensorboard=cfg.log.tensorboard,
             progress_bar=cfg.log.progress_bar, start_step=self.step, total_steps=cfg.schedule.total_steps,
@@ -405,8 +410,8 @@ class Trainer:
             "eta_s": ema * (self.cfg.schedule.total_steps - self.step),
             "nonfinite_skipped": self.nonfinite_total,
         }
-        if self.cfg.log.peak_tflops:
-            record["mfu"] = tokens / step_time * self._flops_per_token / (self.cfg.log.peak_tflops * 1e12 * self.world)
+        if self._peak_tflops:
+            record["mfu"] = tokens / step_time * self._flops_per_token / (self._peak_tflops * 1e12 * self.world)
         if ids is not None:
             record["sample_ids"] = ids
         return record

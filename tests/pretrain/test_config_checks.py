@@ -99,3 +99,12 @@ def test_cli_refuses_before_launching(small_corpus, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["pretrain", "--config", "tiny", "--data", str(swapped), "--out", str(tmp_path / "r")])
     assert "not the vocabulary the shards were built with" in capsys.readouterr().err
+
+
+def test_mfu_peak_comes_from_the_gpu_name():
+    from launch.train_metrics import spec_peak_tflops
+
+    assert spec_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert spec_peak_tflops("NVIDIA H100 PCIe") == 756.0  # not the SXM figure
+    assert spec_peak_tflops("NVIDIA L40S") == 362.0 and spec_peak_tflops("NVIDIA L4") == 121.0
+    assert spec_peak_tflops("cpu") is None
