@@ -1,7 +1,8 @@
 """Loader throughput on one core: read (memory-mapped Arrow) + mask + collate, samples/s.
 
-Ours: `pipeline.loader.PretrainLoader.batch_at` (global shuffled order, dynamic re-masking with the
-corpus stage's own `mask_tokens`, padding to the batch's longest). Peer, measured in the same run on
+Ours: `pipeline.loader.PretrainLoader.batch_at` (global shuffled order, dynamic re-masking batched
+over the micro-batch and bit-identical to the corpus stage's own `mask_tokens` per sample, padding to
+the batch's longest). Peer, measured in the same run on
 the same shards: the Hugging Face path of `run_mlm.py`, i.e. rows read from Arrow as Python lists
 and `transformers.DataCollatorForLanguageModeling` (pads and masks in torch).
 

@@ -9,8 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
+from pipeline.loader import _PCG_INC, PretrainLoader, ShardedSplit, heldout_batches
 from pipeline.loader_order import EpochPermutation
+from pipeline.masking import MaskingVocab, derive_seed, mask_tokens
 
 VOCAB_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(45)] + ["##s", "##ing"]
 SCHEMA = pa.schema([
@@ -148,6 +149,68 @@ def test_dynamic_masking_restores_then_remasks_deterministically(corpus):
     row = again["sample_index"].tolist().index(k)
     assert not (again["masked_lm_positions"][row].equal(a["masked_lm_positions"][0])
                 and again["input_ids"][row].equal(a["input_ids"][0]))
+
+
+
+def _reference_batch(split, ids, epochs, seed: int) -> dict[str, np.ndarray]:
+    """Dynamic masking by definition: per sample, undo the static masks, then `mask_tokens` with a PCG64
+    keyed by derive_seed("dynamic-mask", seed, epoch, sample id); pad to the longest, labels padded -100."""
+    m = split.manifest
+    vocab = MaskingVocab.from_vocab_file(split.dir / m["vocab_file"])
+    rows = []
+    for k, e in zip(ids, epochs):
+        s = split.sample(int(k))
+        original = np.array(s["input_ids"], dtype=np.int32)
+        original[s["masked_lm_positions"]] = s["masked_lm_ids"]
+        rng = np.random.Generator(np.random.PCG64(0))
+        rng.bit_generator.state = {"bit_generator": "PCG64", "has_uint32": 0, "uinteger": 0, "state": {
+            "state": derive_seed("dynamic-mask", seed, int(e), int(k)), "inc": _PCG_INC}}
+        masked = mask_tokens(original, rng=rng, vocab=vocab, masked_lm_prob=m["masked_lm_prob"],
+                             max_predictions=m["max_predictions"], whole_word_mask=m["whole_word_mask"])
+        rows.append((masked, s))
+    seq = max(len(r.input_ids) for r, _ in rows)
+    num_pred = max(max(len(r.positions) for r, _ in rows), 1)
+    out = {"input_ids": np.zeros((len(rows), seq), np.int64), "token_type_ids": np.zeros((len(rows), seq), np.int64),
+           "attention_mask": np.zeros((len(rows), seq), np.int64),
+           "masked_lm_positions": np.zeros((len(rows), num_pred), np.int64),
+           "masked_lm_ids": np.full((len(rows), num_pred), -100, np.int64),
+           "next_sentence_label": np.array([s["next_sentence_label"] for _, s in rows], np.int64),
+           "sample_index": np.asarray(ids, np.int64)}
+    for i, (r, s) in enumerate(rows):
+        n, p = len(r.input_ids), len(r.positions)
+        out["input_ids"][i, :n] = r.input_ids
+        out["token_type_ids"][i, :n] = s["token_type_ids"]
+        out["attention_mask"][i, :n] = 1
+        out["masked_lm_positions"][i, :p] = r.positions
+        out["masked_lm_ids"][i, :p] = r.labels
+    return out
+
+
+@pytest.mark.parametrize("settings", [
+    {},  # the corpus's own: 15%, at most 3 predictions
+    {"masked_lm_prob": 0.9, "max_predictions": 50},  # often every candidate is chosen
+    {"masked_lm_prob": 0.3, "max_predictions": 4, "whole_word_mask": True},  # the per-sample path
+])
+def test_dynamic_masking_batches_equal_per_sample_mask_tokens(tmp_path, settings):
+    """The loader's batched re-masking must stay bit-identical to per-sample `mask_tokens` (issue 4's
+    throughput work vectorised it): every tensor, every rank, across an epoch boundary and through prefetch."""
+    root = write_corpus(tmp_path / "c", {"train": [40, 33]}, seed=3)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest.update(settings)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    split = ShardedSplit(root, "train")
+    for world in (1, 2):
+        for rank in range(world):
+            loader = PretrainLoader(split, seed=11, micro_batch_size=8, global_batch_size=16, rank=rank,
+                                    world_size=world, dynamic_masking=True, position=48, prefetch=2)
+            for _, (batch, after) in zip(range(4 * (3 - world)), loader):  # positions 48..111: epoch 0 -> 1
+                start = after - 8 * world + rank * 8
+                ids, epochs = loader.sample_ids(np.arange(start, start + 8, dtype=np.int64))
+                want = _reference_batch(split, ids, epochs, seed=11)
+                assert sorted(batch) == sorted(want)
+                for key, value in want.items():
+                    got = batch[key].numpy()
+                    assert got.dtype == value.dtype and np.array_equal(got, value), (key, world, rank, after)
 
 
 def test_heldout_batches_split_evenly_across_ranks(corpus):
