@@ -73,6 +73,14 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def lr_factor(step: int, warmup: int, steps: int) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based): linear warm-up over `warmup`
+    steps to 1, then linear decay to 0 at `steps` (the BERT reference schedule)."""
+    if step < warmup:
+        return (step + 1) / max(1, warmup)
+    return max(0.0, (steps - step) / max(1, steps - warmup))
+
+
 class Finetuner:
     """Owns one run's state: config, task, tokenizer, data, model, optimizer."""
 
@@ -140,8 +148,7 @@ class Finetuner:
         # fused: one kernel over all parameters (CPU and CUDA), a large share of a small model's step time.
         opt = torch.optim.AdamW(_param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6,
                                 fused=True)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup)))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, steps))
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc=f"finetune {self.task.name}", unit="step", disable=not cfg.progress, dynamic_ncols=True)

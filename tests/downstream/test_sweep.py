@@ -81,6 +81,11 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     assert (out / "trials" / "sst2-001" / "metrics.json").is_file()
     data = json.loads((out / "results.json").read_text())
     assert data["summary"]["sst2"]["best"]["config"]["lr"] in (5e-5, 3e-5) and len(data["trials"]) == 2
+    # the kept config is the trial with the highest dev score of the task's metric (not just any grid point)
+    top = max(data["trials"], key=lambda t: t["metrics"]["score"])
+    assert data["summary"]["sst2"]["best"]["config"]["lr"] == top["point"]["lr"]
+    assert data["summary"]["sst2"]["best"]["score"] == pytest.approx(top["metrics"]["score"])
+    assert all(t["metrics"]["score"] == t["metrics"]["accuracy"] for t in data["trials"])
     assert (out / "results.md").read_text().splitlines()[0] == "| System | SST-2 | Average |"
     assert (out / "sweep.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="--resume"):
