@@ -19,7 +19,8 @@ from typing import Sequence
 log = logging.getLogger(__name__)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback address now (for the local rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -28,7 +29,7 @@ def _free_port() -> int:
 def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 120.0,
                  program: Sequence[str] = ("-m", "launch.pretrain")) -> int:
     """Run `python *program *worker_argv` in `nproc` processes; the worst exit code wins."""
-    port = _free_port()
+    port = free_port()
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
     procs: list[subprocess.Popen] = []
     for rank in range(nproc):

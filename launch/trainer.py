@@ -8,11 +8,9 @@ LOCAL_RANK / MASTER_ADDR / MASTER_PORT environment (set here for a lone process)
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import signal
-import socket
 import time
 import warnings
 from pathlib import Path
@@ -26,10 +24,12 @@ from launch.config import save_config, to_dict
 from launch.train_checkpoint import convert_to_universal, load_rng, read_latest, read_meta, save as save_checkpoint
 from launch.train_config import PretrainConfig, validate
 from launch.train_dsconfig import deepspeed_config, write_deepspeed_config
+from launch.train_launch import free_port
 from launch.train_metrics import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.train_optim import Lamb, attach_zero_partitioning, build_optimizer
 from launch.train_schedule import build_scheduler
-from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches, read_manifest
+from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
+from pipeline.manifest import read_manifest, sha256_file
 from pipeline.masking import derive_seed
 
 log = logging.getLogger(__name__)
@@ -40,20 +40,6 @@ _RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_maski
 
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_distributed() -> None:
@@ -68,7 +54,7 @@ def init_distributed() -> None:
     under_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
     if "RANK" not in os.environ and not under_mpi:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(free_port()))
     if not dist.is_initialized():
         backend = "nccl" if get_accelerator().device_name() == "cuda" else "gloo"
         deepspeed.init_distributed(dist_backend=backend)

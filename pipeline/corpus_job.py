@@ -34,11 +34,10 @@ from pipeline.shards import WriteShards
 from pipeline.sources import DEAD_LETTER, ReadDocuments, expand_inputs
 from pipeline.tokenize import TokenizeDocuments, read_vocab_tokens, vocab_is_cased
 from pipeline.vocab_training import CountWords, read_count_files, train_wordpiece
+from pipeline.manifest import FORMAT, FORMAT_VERSION
 
 log = logging.getLogger(__name__)
 
-FORMAT = "bertpipe-corpus"
-FORMAT_VERSION = 1
 SEQ_LEN_RANGE = (8, 4096)
 LOCAL_RUNNER = "FnApiRunner"
 TMP = ".bertpipe-tmp"

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.corpus_job import FORMAT
-
-
-def load_manifest(corpus_dir: str | Path) -> dict:
-    path = Path(corpus_dir) / "manifest.json"
-    if not path.is_file():
-        raise ValueError(f"{corpus_dir} has no manifest.json; is it the --out DIR of `bertpipe corpus`?")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a bertpipe corpus manifest (format {manifest.get('format')!r})")
-    return manifest
+from pipeline.manifest import read_manifest
 
 
 def read_shard(path: str | Path) -> pa.Table:
@@ -48,7 +37,7 @@ def decode_instance(row: dict, vocab: list[str]) -> str:
 def summary(corpus_dir: str | Path, num_examples: int = 3) -> str:
     """The text `bertpipe corpus inspect` prints."""
     corpus_dir = Path(corpus_dir)
-    manifest = load_manifest(corpus_dir)
+    manifest = read_manifest(corpus_dir)
     vocab = (corpus_dir / manifest["vocab_file"]).read_text(encoding="utf-8").split("\n")
     lines = [
         f"corpus {corpus_dir}",

@@ -17,7 +17,6 @@ Legend: B = micro-batch size, L = longest sequence in the batch, P = most masked
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import queue
 import threading
@@ -30,6 +29,7 @@ import pyarrow as pa
 import torch
 
 from pipeline.loader_order import EpochPermutation
+from pipeline.manifest import read_manifest
 from pipeline.masking import MaskingVocab, derive_seed, mask_tokens
 
 log = logging.getLogger(__name__)
@@ -113,16 +113,6 @@ def _block(batch: pa.RecordBatch, path: Path) -> _Block:
             raise ValueError(f"{path}: column {name} has nulls; rebuild the corpus")
         lists[name] = (arr.offsets.to_numpy(), arr.values.to_numpy())
     return _Block(batch.num_rows, lists, batch.column("next_sentence_label").to_numpy())
-
-
-def read_manifest(corpus_dir: str | Path) -> dict[str, Any]:
-    path = Path(corpus_dir) / "manifest.json"
-    if not path.is_file():
-        raise ValueError(f"{corpus_dir} has no manifest.json; pass a directory written by `bertpipe corpus --out`")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("format") != "bertpipe-corpus" or manifest.get("format_version") != 1:
-        raise ValueError(f"{path} is not a bertpipe corpus manifest (format version 1); rebuild the corpus")
-    return manifest
 
 
 class Collator:

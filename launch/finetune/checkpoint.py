@@ -8,13 +8,13 @@ rows; a user-supplied `--vocab` must be the same vocabulary, else the run stops 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from launch.finetune.examples import DataError
+from pipeline.manifest import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +27,6 @@ class Checkpoint:
     vocab_file: Path
     vocab_size: int  # tokens in vocab.txt
     lowercase: bool
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _resolve(path: Path) -> Path:
@@ -84,7 +80,7 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
         user = Path(vocab)
         if not user.is_file():
             raise DataError(f"--vocab {user} does not exist")
-        if _sha256(user) != _sha256(vocab_file):
+        if sha256_file(user) != sha256_file(vocab_file):
             raise DataError(
                 f"--vocab {user} is not the vocabulary of checkpoint {path} ({vocab_file}); "
                 "drop --vocab (the checkpoint's own is used) or pass the checkpoint it was trained with"

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from launch import cli
-from pipeline.inspect_corpus import load_manifest, read_shard
+from pipeline.inspect_corpus import read_shard
+from pipeline.manifest import read_manifest
 
 PROSE = ("The quick brown fox jumps over the lazy dog. It was a very sunny day in the valley. "
          "Nobody in the village had seen anything like it before. ")
@@ -52,7 +53,7 @@ def test_bad_inputs_are_counted_and_good_documents_kept(bad_inputs, tmp_path, da
     argv = ["corpus", "--input", str(bad_inputs), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
             "--out", str(out), "--seq-len", "64", "--dupe-factor", "1", "--heldout-fraction", "0"]
     assert cli.main(argv) == 0
-    m = load_manifest(out)
+    m = read_manifest(out)
     c = m["counters"]
     assert c["files_read"] == 8  # download.json ignored
     assert c["skipped_corrupt_compression"] == 2
@@ -123,9 +124,9 @@ def test_out_inside_an_input_directory_is_not_read_back(tmp_path, data_dir):
     argv = ["corpus", "--input", str(raw), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
             "--out", str(raw / "corpus"), "--seq-len", "64", "--dupe-factor", "1", "--heldout-fraction", "0"]
     assert cli.main(argv) == 0
-    first = load_manifest(raw / "corpus")
+    first = read_manifest(raw / "corpus")
     assert cli.main(argv) == 0  # the rerun sees the first run's vocab.txt, shards and dead letters
-    again = load_manifest(raw / "corpus")
+    again = read_manifest(raw / "corpus")
     assert again["inputs"] == [str(raw / "book.txt")] and again["counters"] == first["counters"]
     assert [s["sha256"] for s in again["shards"]] == [s["sha256"] for s in first["shards"]]
 
@@ -137,7 +138,7 @@ def test_trained_vocab_and_parquet(tmp_path, data_dir):
     argv = ["corpus", "--input", str(text), "--train-vocab-size", "1500", "--out", str(out), "--seq-len", "64",
             "--dupe-factor", "1", "--shard-format", "parquet", "--num-shards", "1", "--runner", "FnApiRunner"]
     assert cli.main(argv) == 0
-    m = load_manifest(out)
+    m = read_manifest(out)
     vocab = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and 1000 < len(vocab) <= 1500
     assert m["vocab_size"] == len(vocab) and m["counters"]["vocab_distinct_words"] > 500

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from launch import cli
-from pipeline.inspect_corpus import load_manifest, read_shard
+from pipeline.inspect_corpus import read_shard
+from pipeline.manifest import read_manifest
 
 MANIFEST_KEYS = {
     "format", "format_version", "seed", "seq_len", "dupe_factor", "masked_lm_prob", "max_predictions",
@@ -26,12 +27,12 @@ COLUMNS = {
 def corpus(out, inputs, vocab, *extra: str) -> dict:
     argv = ["corpus", "--input", *map(str, inputs), "--vocab", str(vocab), "--out", str(out), *extra]
     assert cli.main(argv) == 0
-    return load_manifest(out)
+    return read_manifest(out)
 
 
 def test_small_corpus_layout(small_corpus, data_dir):
     """The shared session corpus (a book + the real Wikipedia dump) follows docs/ARCHITECTURE.md."""
-    m = load_manifest(small_corpus)
+    m = read_manifest(small_corpus)
     assert MANIFEST_KEYS <= set(m) and m["format"] == "bertpipe-corpus" and m["format_version"] == 1
     assert (m["seq_len"], m["max_predictions"], m["dupe_factor"], m["seed"]) == (64, 10, 1, 1234)
     assert (small_corpus / "vocab.txt").read_bytes() == (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_bytes()
@@ -74,7 +75,7 @@ def test_one_vs_two_workers_identical(small_corpus, tmp_path, data_dir, monkeypa
     # `make test` exports PYTHONHASHSEED=0, which the worker processes would inherit: give each its
     # own salt, so output that leaned on Python's `hash()` (sets, dict keys) would differ here.
     monkeypatch.setenv("PYTHONHASHSEED", "random")
-    m1 = load_manifest(small_corpus)
+    m1 = read_manifest(small_corpus)
     m2 = corpus(
         tmp_path / "two", [data_dir / "books" / "persuasion.txt", data_dir / "wiki" / WIKI_NAME],
         data_dir / "vocab" / "bert-base-uncased-vocab.txt",
