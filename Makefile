@@ -45,7 +45,7 @@ bench: install
 	$(BIN)/python bench/run_all.py
 
 k8s-validate: install
-	$(BIN)/python -m launch.k8s_validate
+	$(BIN)/python tools/k8s_validate.py
 
 image:
 	docker build -f docker/Dockerfile.cpu -t bertpipe:cpu .

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.train_metrics import read_metrics
+from launch.pretrain.training_log import read_metrics
 
 
 def plot_loss(run_dir: str | Path, png_path: str | Path) -> Path:

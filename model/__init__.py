@@ -10,7 +10,7 @@ Nothing in this package imports torch.distributed, deepspeed, ray, apache_beam o
 """
 
 from model.bert import BertModel, BertOutput, BertForPreTraining, PreTrainingOutput
-from model.checkpointing import apply_activation_checkpointing
+from model.activation_checkpointing import apply_activation_checkpointing
 from model.config import BertConfig
 from model.fused import compile_fast_paths
 from model.heads import (

@@ -117,7 +117,7 @@ class Encoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
-        # Set by model.checkpointing.apply_activation_checkpointing: recompute every n-th layer's
+        # Set by model.activation_checkpointing.apply_activation_checkpointing: recompute every n-th layer's
         # activations in backward (0 = off). A plain attribute so the state_dict is unchanged.
         self.checkpoint_every = 0
 

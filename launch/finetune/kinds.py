@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from launch.finetune import conll, glue, metrics, squad, swag, userdata
-from launch.finetune.config import FinetuneConfig
+from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.examples import DataError, SkipCounter
-from launch.finetune.features import IGNORE, Feature, choice_features, collate, tag_features, text_features
+from launch.finetune.encoding import IGNORE, Feature, choice_features, collate, tag_features, text_features
 
 logger = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from launch.config import save_config
-from launch.finetune.checkpoint import load_tokenizer, open_checkpoint
-from launch.finetune.config import FinetuneConfig
+from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
+from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.examples import DataError
-from launch.finetune.features import LengthGroupedBatches
+from launch.finetune.encoding import LengthGroupedBatches
 from launch.finetune.kinds import Task, TaskData
 from launch.finetune.tasks import get_task
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from launch import k8s_validate
+import k8s_validate
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from launch import cli, k8s_validate
+import k8s_validate
+from launch import cli
 
 REPO = k8s_validate.REPO
 # Containers that run their image's own entry point (no `command`), with the operator that starts them.
@@ -99,8 +100,8 @@ def check_bertpipe(argv: list[str], where: str, capsys, caplog) -> argparse.Name
 def check_pretrain_worker(argv: list[str], where: str, monkeypatch, capsys) -> argparse.Namespace:
     """Parse with `launch.pretrain.main`'s own parser, stopping before it builds a trainer."""
     _require_module("launch.pretrain")
-    import launch.commands.pretrain as pretrain_command
-    import launch.pretrain as worker
+    import launch.cli.pretrain as pretrain_command
+    import launch.pretrain.worker as worker
 
     class Parsed(Exception):
         pass
@@ -202,8 +203,8 @@ def _check_documented(argv: list[str], where: str, monkeypatch, capsys, caplog) 
             key, value = argv[argv.index("-l") + 1].split("=")
             assert any(o["metadata"]["labels"].get(key) == value for o in objects), f"{where}: selects nothing"
     elif argv[:2] == ["ray", "submit"]:
-        # ray submit CLUSTER.yaml SCRIPT [args]: the script is launch/cli.py, i.e. `bertpipe ...`.
-        assert argv[2] == "launch/ray/cluster.yaml" and argv[3] == "launch/cli.py", where
+        # ray submit CLUSTER.yaml SCRIPT [args]: the script is launch/cli/__init__.py, i.e. `bertpipe ...`.
+        assert argv[2] == "deploy/ray-cluster.yaml" and argv[3] == "launch/cli/__init__.py", where
         assert (REPO / argv[2]).is_file() and (REPO / argv[3]).is_file(), where
         check_bertpipe(argv[4:], where, capsys, caplog)
     elif argv[:3] == ["ray", "job", "submit"]:
@@ -214,7 +215,7 @@ def _check_documented(argv: list[str], where: str, monkeypatch, capsys, caplog) 
         check_command(where, argv, {}, monkeypatch, capsys, caplog)
 
 
-@pytest.mark.parametrize("source", ["launch/ray/cluster.yaml", "launch/hostfile.example", "docs/scaling-out.md"])
+@pytest.mark.parametrize("source", ["deploy/ray-cluster.yaml", "deploy/hostfile.example", "docs/scaling-out.md"])
 def test_documented_commands(source: str, monkeypatch, capsys, caplog) -> None:
     text = (REPO / source).read_text()
     commands = [c for c in _documented_commands(text) if "..." not in c]
@@ -226,5 +227,5 @@ def test_documented_commands(source: str, monkeypatch, capsys, caplog) -> None:
 def test_hostfile_example_parses_with_deepspeed() -> None:
     from deepspeed.launcher.runner import _parse_hostfile
 
-    pool = _parse_hostfile((REPO / "launch" / "hostfile.example").read_text().splitlines(keepends=True))
+    pool = _parse_hostfile((REPO / "deploy" / "hostfile.example").read_text().splitlines(keepends=True))
     assert list(pool.values()) == [8, 8, 8, 8] and len(pool) == 4

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch import k8s_validate
+import k8s_validate
 
 REPO = k8s_validate.REPO
 

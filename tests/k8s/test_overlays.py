@@ -67,7 +67,7 @@ def test_multinode_overlay_scales_every_launcher_to_64_gpus(rendered, find_objec
 
 
 def test_every_gpu_pod_shares_the_volume_and_memory_backed_shm(rendered) -> None:
-    from launch.k8s_validate import pod_specs
+    from k8s_validate import pod_specs
 
     for root, objects in rendered.items():
         for obj in objects:

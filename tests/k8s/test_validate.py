@@ -10,8 +10,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from launch import k8s_validate
-from launch.k8s_validate import SchemaStore, crd_to_jsonschema, policy_findings, validate_document
+import k8s_validate
+from k8s_validate import SchemaStore, crd_to_jsonschema, policy_findings, validate_document
 
 ROOTS = ["k8s/base", "k8s/overlays/dev", "k8s/overlays/multinode"]
 # Every operator the issue names has at least one object that is checked against its real CRD.
@@ -127,7 +127,7 @@ def test_a_broken_copy_of_every_object_fails(
 
 
 def test_broken_copies_of_the_tree_fail_from_the_command_line(tmp_path: Path, capsys) -> None:
-    """End to end: edit a copy of k8s/ on disk; the overlays built on it fail `python -m launch.k8s_validate`."""
+    """End to end: edit a copy of k8s/ on disk; the overlays built on it fail `python tools/k8s_validate.py`."""
     tree = tmp_path / "k8s"
     shutil.copytree(k8s_validate.K8S_DIR / "base", tree / "base")
     shutil.copytree(k8s_validate.K8S_DIR / "overlays", tree / "overlays")
@@ -239,13 +239,13 @@ def test_missing_kubectl_says_what_to_install(monkeypatch, tmp_path: Path) -> No
 
 
 def test_module_entry_point_is_what_make_runs() -> None:
-    """`python -m launch.k8s_validate` (the Makefile's k8s-validate line) checks everything and exits 0."""
+    """`python tools/k8s_validate.py` (the Makefile's k8s-validate line) checks everything and exits 0."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "launch.k8s_validate"], cwd=k8s_validate.REPO,
+    proc = subprocess.run([sys.executable, "tools/k8s_validate.py"], cwd=k8s_validate.REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for target in ("k8s/base", "k8s/overlays/dev", "k8s/overlays/multinode", "launch/ray/cluster.yaml"):
+    for target in ("k8s/base", "k8s/overlays/dev", "k8s/overlays/multinode", "deploy/ray-cluster.yaml"):
         assert f"ok   {target}:" in proc.stdout
     assert "FAIL" not in proc.stdout

@@ -1,0 +1,69 @@
+"""`bertpipe`: one console script, one subcommand per stage.
+
+Each subcommand lives in its own module under `launch/cli/` exposing
+`add_arguments(parser)` and `run(args) -> int`. Modules are imported only when their
+subcommand is used, so `bertpipe corpus` does not pay for importing torch or ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from launch.errors import CliError
+
+# name -> (module, one-line help). Order is the order of the pipeline.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "download": ("launch.cli.download", "fetch Wikipedia dumps and public-domain books"),
+    "corpus": ("launch.cli.corpus", "build a sharded, masked, NSP-paired Arrow corpus (Apache Beam)"),
+    "pretrain": ("launch.cli.pretrain", "pre-train BERT with DeepSpeed ZeRO over a corpus"),
+    "export": ("launch.cli.export", "write a run's checkpoint as a Hugging Face model directory"),
+    "features": ("launch.cli.features", "extract contextual features (the paper's feature-based approach)"),
+    "finetune": ("launch.cli.finetune", "fine-tune a checkpoint on GLUE, SQuAD, NER, SWAG or your own data"),
+    "sweep": ("launch.cli.sweep", "run a Ray Tune sweep of fine-tuning jobs over a grid"),
+    "demo": ("launch.cli.demo", "run the whole pipeline on the bundled real data, on CPU"),
+}
+
+
+def build_parser(command: str) -> argparse.ArgumentParser:
+    """The argparse parser of one subcommand (also used by tests that check k8s manifests' commands)."""
+    module_name, help_text = COMMANDS[command]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(
+        prog=f"bertpipe {command}",
+        description=(module.__doc__ or help_text).strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(parser)
+    return parser
+
+
+def _top_level_help() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: bertpipe <command> [options]   (bertpipe <command> --help for each)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_top_level_help())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"bertpipe: error: unknown command {command!r}\n\n{_top_level_help()}", file=sys.stderr)
+        return 2
+    parser = build_parser(command)
+    args = parser.parse_args(rest)
+    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        return int(module.run(args) or 0)
+    except CliError as err:
+        parser.exit(2, f"bertpipe {command}: error: {err}\n")
+    except KeyboardInterrupt:
+        print(f"bertpipe {command}: interrupted", file=sys.stderr)
+        return 130
+

@@ -1,0 +1,34 @@
+"""Write a run's checkpoint as a Hugging Face model directory.
+
+  bertpipe export RUN --out HF_DIR [--tag global_step1000]
+
+Consolidates the ZeRO-partitioned fp32 weights (any stage, any world size) and writes config.json,
+model.safetensors, vocab.txt, tokenizer.json, tokenizer_config.json and a model card README.md
+(corpus, steps, final metrics), loadable by `transformers.BertForPreTraining.from_pretrained(HF_DIR)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from launch.errors import CliError
+from launch.log import setup_logging
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, help="run directory written by `bertpipe pretrain --out`")
+    parser.add_argument("--out", type=Path, required=True, help="HF model directory to write (replaced if present)")
+    parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. global_step1000 (default: latest)")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging()
+    from launch.pretrain.hf_export import export_run
+
+    try:
+        out = export_run(args.run, args.out, tag=args.tag)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    print(f"exported {args.run} to {out}")
+    return 0

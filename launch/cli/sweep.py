@@ -1,0 +1,74 @@
+"""Run a Ray Tune sweep of fine-tuning jobs: every (task, grid point, seed) is one trial.
+
+Keeps the best config per task on dev and writes OUT/results.json, OUT/results.md (laid out like the
+BERT paper's GLUE table: tasks as columns, an average) and OUT/sweep.png. Any `bertpipe finetune`
+flag applies to every trial, except the settings the grid varies (e.g. --lr, --batch-size, --epochs)
+and --seed, which each trial takes from its grid point and seed index. Crashed trials are retried (--max-failures); an interrupted sweep
+continues with --resume (finished trials are kept).
+
+Grids: paper (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), quick (batch 32 x lr 5e-5/3e-5 x 1
+epoch), or a YAML file mapping fine-tuning settings to lists (`lr: [5e-5, 1e-4]`).
+
+examples:
+  bertpipe sweep --tasks sst2,mrpc,rte --checkpoint runs/base --data-dir data/glue --out out/sweep
+  ray job submit --working-dir . -- bertpipe sweep --tasks sst2 --checkpoint ... --address auto ...
+  ray submit deploy/ray-cluster.yaml launch/cli/__init__.py sweep --tasks sst2 ... --address auto   (see docs/finetune.md)
+
+Test hook: env BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT=i crashes trial i on its first attempt only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from launch.errors import CliError
+from launch.cli.finetune import add_finetune_arguments, config_from_args
+from launch.config import to_dict
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", required=True, help="comma-separated task names, e.g. sst2,mrpc,rte")
+    parser.add_argument("--grid", default="paper", help="paper | quick | FILE.yaml (default paper)")
+    parser.add_argument("--seeds", type=int, default=1, help="random restarts per grid point (seeds 1..N; default 1)")
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster to use: auto | ray://HOST:10001 (default: a local Ray, or RAY_ADDRESS under `ray job submit`)")
+    parser.add_argument("--resume", action="store_true", help="continue the sweep already in --out")
+    parser.add_argument("--cpus-per-trial", type=float, default=1, help="CPUs reserved by each trial (default 1)")
+    parser.add_argument("--gpus-per-trial", type=float, default=None, help="GPUs per trial (default: 1 if the cluster has GPUs)")
+    parser.add_argument("--max-failures", type=int, default=1, help="retries of a crashed trial (default 1)")
+    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    parser.add_argument("--ray-temp-dir", default=None, help="temp dir of the local Ray (default: a fresh private one)")
+    parser.add_argument("--save-models", action="store_true", help="keep every trial's fine-tuned model")
+    add_finetune_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from launch.log import setup_logging
+
+    setup_logging()
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise CliError("--tasks is empty; name at least one task, e.g. --tasks sst2")
+    cfg = config_from_args(args, task=tasks[0])
+    overrides = {k: v for k, v in to_dict(cfg).items() if k not in ("task", "data_dir", "checkpoint", "out")}
+    overrides["save_model"] = args.save_models
+    overrides["progress"] = False
+    crash = os.environ.get("BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT")
+    from launch.finetune.tune_sweep import run_sweep
+
+    try:
+        result = run_sweep(
+            tasks, cfg.checkpoint, cfg.data_dir, cfg.out, grid=args.grid, seeds=args.seeds, overrides=overrides,
+            address=args.address, resume=args.resume, cpus_per_trial=args.cpus_per_trial,
+            gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, num_cpus=args.num_cpus,
+            temp_dir=args.ray_temp_dir, crash_first_attempt=int(crash) if crash else None,
+        )
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    print(result.table)  # intentional CLI output: the results table
+    print(f"wrote {result.out}/results.json, results.md, sweep.png")
+    if result.failed:
+        print(f"{result.failed} trial(s) failed after retries; fix the cause and re-run with --resume")
+        return 1
+    return 0

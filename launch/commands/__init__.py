@@ -1,1 +1,0 @@
-"""One module per `bertpipe` subcommand: `add_arguments(parser)` and `run(args) -> int`. Keep them thin."""

@@ -1,0 +1,185 @@
+"""The pre-training config tree (`bertpipe pretrain --config`), one YAML as the source of truth.
+
+Presets live in `launch/configs/` (tiny, bert-base, bert-large-phase1, bert-large-phase2). The
+DeepSpeed JSON is generated from this tree by `launch/pretrain/deepspeed_config.py`; nothing reads it back.
+
+Batch sizes: `data.global_batch_size` samples make one optimizer step, whatever the world size;
+each data-parallel rank runs `data.micro_batch_size` samples per forward, and gradient accumulation
+is derived: `global = micro * accumulation * data_parallel_size`. Keeping the global batch fixed is
+what lets a run resume at another data-parallel size on the same sample sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+
+@dataclass
+class ModelSection:
+    """preset: a `model.BertConfig` preset (tiny, mini, base, large).
+    vocab_size: null = the corpus vocabulary's size; a larger value pads rows (refused if smaller).
+    fields: any other `BertConfig` field (e.g. `hidden_dropout_prob`, `attention_impl`, `unpad`).
+    activation_checkpointing: recompute each encoder layer in backward (applied from outside the model).
+    compile: wrap the model in `torch.compile` before DeepSpeed sees it.
+    """
+
+    preset: str = "base"
+    vocab_size: Optional[int] = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+
+@dataclass
+class DataSection:
+    """seed: the loader's shuffle seed (the order is a pure function of (seed, epoch)).
+    micro_batch_size: samples per forward per data-parallel rank.
+    global_batch_size: samples per optimizer step across all ranks.
+    dynamic_masking: re-mask each sample every epoch with `pipeline.masking.mask_tokens`, seeded
+      from (seed, epoch, sample id), instead of the corpus's static masks.
+    prefetch: batches prepared ahead in a background thread (0 = none).
+    """
+
+    seed: int = 1234
+    micro_batch_size: int = 32
+    global_batch_size: int = 256
+    dynamic_masking: bool = False
+    prefetch: int = 4
+
+
+@dataclass
+class OptimSection:
+    """name: lamb (ours, correct under ZeRO 1-3) or adamw (torch).
+    weight_decay applies to weights, not to biases and LayerNorm parameters; for LAMB those also
+    skip layer adaptation (trust ratio 1), as in google-research/bert's optimizer.
+    max_grad_norm: global gradient clipping (0 = off), done by DeepSpeed before the step.
+    """
+
+    name: Literal["lamb", "adamw"] = "lamb"
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class ScheduleSection:
+    """Warmup (linear from 0) then decay to `min_lr_ratio * lr` at `total_steps`.
+    decay: linear, poly (`power`; NVIDIA's BERT uses 0.5) or constant.
+    warmup_steps: null = `warmup_ratio * total_steps`.
+    """
+
+    total_steps: int = 1000
+    warmup_steps: Optional[int] = None
+    warmup_ratio: float = 0.01
+    decay: Literal["linear", "poly", "constant"] = "linear"
+    power: float = 1.0
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class ZeroSection:
+    """stage: 0 (plain data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ parameters).
+    offload_optimizer / offload_param: none or cpu (param offload needs stage 3).
+    """
+
+    stage: int = 1
+    offload_optimizer: Literal["none", "cpu"] = "none"
+    offload_param: Literal["none", "cpu"] = "none"
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = 50_000_000
+    allgather_bucket_size: int = 50_000_000
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_param_persistence_threshold: int = 100_000
+
+
+@dataclass
+class PrecisionSection:
+    """dtype: fp32, bf16, or fp16 (GPU only; dynamic loss scaling unless `loss_scale` > 0)."""
+
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    loss_scale: float = 0.0
+    initial_scale_power: int = 16
+    loss_scale_window: int = 1000
+    min_loss_scale: float = 1.0
+
+
+@dataclass
+class CheckpointSection:
+    """save_every: steps between checkpoints (0 = only at the end and on SIGTERM).
+    keep_last: checkpoints kept (older ones are deleted after a new one is complete).
+    init_from: phase 2: a RUN dir of ours or an HF dir whose weights initialise the model (fresh
+      optimizer, schedule and loader).
+    """
+
+    save_every: int = 1000
+    keep_last: int = 3
+    init_from: Optional[str] = None
+
+
+@dataclass
+class LogSection:
+    """log_every: steps between metrics lines; eval_every: steps between held-out evaluations (0 = off).
+    eval_samples: held-out samples per evaluation. peak_tflops: per-device peak for the MFU
+    estimate (null = the spec-sheet bf16 peak of a known GPU in bf16/fp16; not reported on CPU). sample_ids: record each step's global sample ids in
+    metrics.jsonl (for audits and the resume tests). max_nonfinite_steps: stop after this many
+    non-finite losses in a row.
+    """
+
+    log_every: int = 1
+    eval_every: int = 500
+    eval_samples: int = 2048
+    tensorboard: bool = True
+    progress_bar: bool = True
+    peak_tflops: Optional[float] = None
+    sample_ids: bool = False
+    max_nonfinite_steps: int = 5
+
+
+@dataclass
+class PretrainConfig:
+    """The whole pre-training run. `seed` seeds model init and dropout (the loader has its own)."""
+
+    seed: int = 42
+    deterministic: bool = False
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    zero: ZeroSection = field(default_factory=ZeroSection)
+    precision: PrecisionSection = field(default_factory=PrecisionSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
+
+
+def validate(cfg: PretrainConfig, *, world_size: int, device_type: str) -> int:
+    """Refuse settings that cannot run here, with the fix in the message; returns grad accumulation."""
+    d = cfg.data
+    if d.micro_batch_size <= 0 or d.global_batch_size <= 0:
+        raise ValueError("data.micro_batch_size and data.global_batch_size must be positive")
+    per_round = d.micro_batch_size * world_size
+    if d.global_batch_size % per_round:
+        raise ValueError(
+            f"data.global_batch_size ({d.global_batch_size}) must be a multiple of "
+            f"data.micro_batch_size x data-parallel size ({d.micro_batch_size} x {world_size} = {per_round}); "
+            f"change one of them"
+        )
+    if cfg.zero.stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero.stage must be 0, 1, 2 or 3, got {cfg.zero.stage}")
+    if cfg.zero.offload_param != "none" and cfg.zero.stage != 3:
+        raise ValueError("zero.offload_param needs zero.stage=3; set zero.offload_param=none or zero.stage=3")
+    if cfg.precision.dtype != "fp32" and cfg.zero.stage == 0:
+        # DeepSpeed's stage-0 16-bit path wraps a client optimizer per tensor and takes a real step
+        # with zero gradients at start-up (weight decay, step count); ZeRO-1 costs the same traffic.
+        raise ValueError(f"precision.dtype={cfg.precision.dtype} needs zero.stage>=1 (set zero.stage=1)")
+    if cfg.precision.dtype == "fp16" and device_type == "cpu":
+        raise ValueError("precision.dtype=fp16 is not supported on CPU; use precision.dtype=bf16 or fp32")
+    if cfg.schedule.total_steps <= 0:
+        raise ValueError("schedule.total_steps must be positive")
+    if cfg.checkpoint.keep_last < 1:
+        raise ValueError("checkpoint.keep_last must be at least 1")
+    return d.global_batch_size // per_round

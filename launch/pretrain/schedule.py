@@ -1,0 +1,36 @@
+"""Learning-rate schedule: linear warmup from 0, then linear / polynomial decay or constant.
+
+A pure function of the step, wrapped as a `LambdaLR` so DeepSpeed steps it once per optimizer step
+and saves its state in every checkpoint (a resumed run continues the same curve).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from launch.pretrain.pretrain_config import ScheduleSection
+
+
+def warmup_steps(s: ScheduleSection) -> int:
+    if s.warmup_steps is not None:
+        return max(0, s.warmup_steps)
+    return int(round(s.warmup_ratio * s.total_steps))
+
+
+def lr_multiplier(step: int, s: ScheduleSection) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based: the lr used by update step+1)."""
+    warm = warmup_steps(s)
+    if step < warm:
+        return (step + 1) / warm
+    if s.decay == "constant":
+        return 1.0
+    span = max(1, s.total_steps - warm)
+    progress = min(1.0, (step - warm) / span)
+    power = 1.0 if s.decay == "linear" else s.power
+    return s.min_lr_ratio + (1.0 - s.min_lr_ratio) * (1.0 - progress) ** power
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, s: ScheduleSection) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_multiplier, s=s))

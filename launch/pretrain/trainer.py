@@ -1,0 +1,442 @@
+"""The pre-training Trainer: owns the engine, loader, metrics and checkpoints; `train()` reads
+step, log, evaluate, checkpoint.
+
+Runs the same under `bertpipe pretrain --nproc N` (our local launcher), `deepspeed --module
+launch.pretrain` and `torchrun -m launch.pretrain`: it only needs the usual RANK / WORLD_SIZE /
+LOCAL_RANK / MASTER_ADDR / MASTER_PORT environment (set here for a lone process).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from launch.config import save_config, to_dict
+from launch.pretrain.checkpoints import convert_to_universal, load_rng, read_latest, read_meta, save as save_checkpoint
+from launch.pretrain.pretrain_config import PretrainConfig, validate
+from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
+from launch.pretrain.launcher import free_port
+from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
+from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
+from launch.pretrain.schedule import build_scheduler
+from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
+from pipeline.manifest import read_manifest, sha256_file
+from pipeline.masking import derive_seed
+
+log = logging.getLogger(__name__)
+
+# Settings a resumed run must share with the checkpoint, or the sample sequence / model differ.
+_RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_masking", "model", "optim.name")
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def init_distributed() -> None:
+    """Join the process group the launcher describes (a lone process makes a group of one)."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    # torch 2.13 warns on every collective DeepSpeed makes with the older names; once is plenty.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    # Under mpirun (Kubeflow TrainJob/MPIJob, `deepspeed --launcher openmpi`) RANK is unset at start-up:
+    # DeepSpeed discovers the ranks from MPI itself, so only a truly lone process gets a group of one.
+    under_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+    if "RANK" not in os.environ and not under_mpi:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
+    if not dist.is_initialized():
+        backend = "nccl" if get_accelerator().device_name() == "cuda" else "gloo"
+        deepspeed.init_distributed(dist_backend=backend)
+
+
+def _dotted(tree: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
+
+
+def preflight(cfg: PretrainConfig, data_dir: Path, *, world_size: int, device_type: str) -> Any:
+    """Everything that can be refused before any process starts; returns the model's BertConfig."""
+    from model import BertConfig
+
+    validate(cfg, world_size=world_size, device_type=device_type)
+    manifest = read_manifest(data_dir)
+    vocab_file = Path(data_dir) / manifest.get("vocab_file", "vocab.txt")
+    if not vocab_file.is_file():
+        raise ValueError(f"{vocab_file} is missing; the corpus directory must hold the vocabulary it was built with")
+    if manifest.get("vocab_sha256") and sha256_file(vocab_file) != manifest["vocab_sha256"]:
+        raise ValueError(f"{vocab_file} is not the vocabulary the shards were built with (sha256 differs from "
+                         f"manifest.json's vocab_sha256); restore the corpus's own vocab.txt or rebuild the corpus")
+    corpus_vocab = int(manifest["vocab_size"])
+    vocab_size = cfg.model.vocab_size or corpus_vocab
+    if vocab_size < corpus_vocab:
+        raise ValueError(f"model.vocab_size={vocab_size} is smaller than the corpus vocabulary ({corpus_vocab} "
+                         f"tokens, {vocab_file}); set model.vocab_size=null to take the corpus's")
+    try:
+        bert_cfg = BertConfig.preset(cfg.model.preset, vocab_size=vocab_size, **cfg.model.fields)
+    except TypeError as err:
+        raise ValueError(f"model.fields: {err}; use BertConfig field names") from None
+    if int(manifest["seq_len"]) > bert_cfg.max_position_embeddings:
+        raise ValueError(f"the corpus has seq_len {manifest['seq_len']} but the model has only "
+                         f"{bert_cfg.max_position_embeddings} positions; raise model.fields.max_position_embeddings "
+                         f"or rebuild the corpus with a shorter --seq-len")
+    train = sum(s["num_instances"] for s in manifest["shards"] if s.get("split", "train") == "train")
+    if train < cfg.data.global_batch_size:
+        raise ValueError(f"the corpus has {train} training instances, fewer than one global batch "
+                         f"({cfg.data.global_batch_size}); lower data.global_batch_size")
+    return bert_cfg
+
+
+class Trainer:
+    def __init__(self, cfg: PretrainConfig, *, data_dir: Path, run_dir: Path, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.data_dir = Path(data_dir)
+        self.run_dir = Path(run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.resume = resume
+        self.step = 0
+        self.position = 0
+        self.nonfinite_total = 0
+        self._stop_signal: int | None = None
+
+    # ---- setup -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        from model import BertForPreTraining, apply_activation_checkpointing
+
+        cfg = self.cfg
+        init_distributed()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        accel = get_accelerator()
+        self.device = torch.device(accel.device_name(int(os.environ.get("LOCAL_RANK", 0))))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.grad_accum = validate(cfg, world_size=self.world, device_type=self.device.type)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+
+        manifest = self.manifest = read_manifest(self.data_dir)
+        self.manifest_sha256 = sha256_file(self.data_dir / "manifest.json")
+        self.vocab_file = self.data_dir / manifest.get("vocab_file", "vocab.txt")
+        bert_cfg = preflight(cfg, self.data_dir, world_size=self.world, device_type=self.device.type)
+
+        meta = self._resume_meta()
+        torch.manual_seed(cfg.seed)  # identical init on every rank
+        if cfg.checkpoint.init_from and meta is None:
+            model = self._init_from(cfg.checkpoint.init_from, bert_cfg)
+        else:
+            model = BertForPreTraining(bert_cfg)
+        self.bert_config = model.config
+        if cfg.model.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        # Counted before DeepSpeed sees the model: ZeRO-3 leaves empty placeholders behind.
+        num_params = sum(p.numel() for p in self.params)
+        non_embedding = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
+        # Dropout differs per rank; a resume restores each rank's exact stream below.
+        torch.manual_seed(derive_seed("dropout", cfg.seed, self.rank) % (1 << 63))
+
+        o = cfg.optim
+        optimizer = build_optimizer(model, o.name, o.lr, (o.beta1, o.beta2), o.eps, o.weight_decay)
+        ds = deepspeed_config(cfg, world_size=self.world, grad_accum=self.grad_accum)
+        if meta is not None and meta["tag"].endswith("_universal"):
+            ds["checkpoint"] = {"load_universal": True}
+        self.ds_config = ds
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+            write_deepspeed_config(ds, self.run_dir / "ds_config.json")
+            (self.run_dir / "vocab.txt").write_bytes(self.vocab_file.read_bytes())
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=ds,
+            lr_scheduler=lambda opt: build_scheduler(opt, cfg.schedule),
+        )
+        if cfg.zero.stage == 3:
+            deepspeed.zero.register_external_parameter(model.mlm, model.mlm.decoder_weight)
+        if isinstance(optimizer, Lamb) and self.engine.optimizer is not optimizer:
+            # ZeRO / 16-bit wrappers hand LAMB flat partitions: tell it where each parameter lies.
+            attach_zero_partitioning(optimizer, self.engine, self.params)
+        if cfg.model.compile:
+            self.engine.compile()
+
+        if meta is not None:
+            self._load(meta)
+        self.train_split = ShardedSplit(self.data_dir, "train")
+        self.heldout = ShardedSplit(self.data_dir, "heldout")
+        self.loader = PretrainLoader(
+            self.train_split, seed=cfg.data.seed, micro_batch_size=cfg.data.micro_batch_size,
+            global_batch_size=cfg.data.global_batch_size, rank=self.rank, world_size=self.world,
+            position=self.position, dynamic_masking=cfg.data.dynamic_masking, prefetch=cfg.data.prefetch,
+        )
+        self._flops_per_token = flops_per_token(non_embedding, self.bert_config.num_hidden_layers,
+                                                self.bert_config.hidden_size, float(manifest["seq_len"]))
+        # MFU needs the device's peak: configured, else the spec sheet's bf16 figure for a known GPU
+        # running in 16-bit (on CPU, or a GPU we do not know, MFU is not reported).
+        self._peak_tflops = cfg.log.peak_tflops
+        if self._peak_tflops is None and self.device.type == "cuda" and cfg.precision.dtype != "fp32":
+            self._peak_tflops = spec_peak_tflops(torch.cuda.get_device_name(self.device))
+        self.metrics = MetricsWriter(
+            self.run_dir, enabled=self.rank == 0, tensorboard=cfg.log.tensorboard,
+            progress_bar=cfg.log.progress_bar, start_step=self.step, total_steps=cfg.schedule.total_steps,
+        )
+        log.info("pre-training %s (%.1fM parameters) on %d process(es), ZeRO-%d, %s, global batch %d = %d x %d x %d, "
+                 "%d train samples, from step %d", cfg.model.preset, num_params / 1e6,
+                 self.world, cfg.zero.stage, cfg.precision.dtype, cfg.data.global_batch_size,
+                 cfg.data.micro_batch_size, self.grad_accum, self.world, len(self.train_split), self.step)
+
+    def _resume_meta(self) -> dict[str, Any] | None:
+        if not self.resume:
+            if read_latest(self.ckpt_dir) if self.ckpt_dir.is_dir() else None:
+                raise ValueError(f"{self.run_dir} already has checkpoints; pass --resume to continue it, "
+                                 f"or choose a new --out")
+            return None
+        tag = read_latest(self.ckpt_dir) if self.ckpt_dir.is_dir() else None
+        if tag is None:
+            log.info("--resume: no checkpoint in %s yet; starting from step 0", self.ckpt_dir)
+            return None
+        meta = read_meta(self.ckpt_dir, tag)
+        mine = to_dict(self.cfg)
+        for key in _RESUME_INVARIANTS:
+            if _dotted(meta["config"], key) != _dotted(mine, key):
+                raise ValueError(f"{key} differs from the checkpoint's ({_dotted(meta['config'], key)!r} there, "
+                                 f"{_dotted(mine, key)!r} now); resume with the run's own setting")
+        if meta["config"].get("schedule") != mine["schedule"]:
+            # Allowed (extending a run with --max-steps is legitimate), but never silently: the lr
+            # from here on follows the new curve, not the one the checkpoint was trained on.
+            log.warning("schedule differs from the checkpoint's (%s there, %s now): from step %d the lr follows "
+                        "the new schedule", meta["config"].get("schedule"), mine["schedule"], meta["step"])
+        if meta["manifest_sha256"] != sha256_file(self.data_dir / "manifest.json"):
+            raise ValueError(f"--data {self.data_dir} is not the corpus this run was trained on (manifest sha256 "
+                             f"differs); pass the original corpus directory")
+        meta["tag"] = tag
+        if meta["world_size"] != self.world:
+            log.info("checkpoint %s was written by %d process(es); continuing on %d at the same global sample position",
+                     tag, meta["world_size"], self.world)
+            if self.cfg.zero.stage > 0 or meta.get("zero_stage", 0) > 0:
+                # ZeRO partitions depend on the world size: go through DeepSpeed's universal format.
+                meta["tag"] = convert_to_universal(self.ckpt_dir, tag)
+        return meta
+
+    def _init_from(self, path: str, bert_cfg: Any) -> torch.nn.Module:
+        """Phase 2: weights from a phase-1 run (or HF dir); optimizer, schedule and loader start fresh."""
+        from launch.pretrain.hf_export import resolve_checkpoint
+        from model import BertForPreTraining, load_pretrained
+
+        # A RUN dir is exported on first use: rank 0 does it alone (concurrent exports of the same
+        # folder replace each other under the readers' feet), then every rank reads the result.
+        error = None
+        if self.rank == 0:
+            try:
+                resolve_checkpoint(Path(path))
+            except ValueError as err:
+                error = str(err)
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise ValueError(box[0])
+        hf_dir = resolve_checkpoint(Path(path))
+        if sha256_file(hf_dir / "vocab.txt") != sha256_file(self.vocab_file):
+            raise ValueError(f"{hf_dir / 'vocab.txt'} differs from the corpus vocabulary {self.vocab_file}; "
+                             f"phase 2 must use the phase-1 vocabulary")
+        model, report = load_pretrained(BertForPreTraining, hf_dir, config_overrides=dict(self.cfg.model.fields))
+        if report.missing_keys:
+            raise ValueError(f"{hf_dir} lacks {', '.join(report.missing_keys[:5])}; init_from needs a pre-training checkpoint")
+        log.info("initialised from %s", hf_dir)
+        return model
+
+    def _load(self, meta: dict[str, Any]) -> None:
+        tag = meta["tag"]
+        path, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=tag, load_optimizer_states=True,
+                                                   load_lr_scheduler_states=True)
+        if path is None:
+            raise ValueError(f"DeepSpeed could not load checkpoint {self.ckpt_dir / tag}")
+        state = client["bertpipe"] if client and "bertpipe" in client else meta
+        self.step, self.position = int(state["step"]), int(state["position"])
+        self.nonfinite_total = int(state.get("nonfinite_total", 0))
+        if not load_rng(self.ckpt_dir, tag.removesuffix("_universal"), self.rank):
+            log.warning("no RNG state for rank %d in %s (world size changed): dropout continues from a fresh stream",
+                        self.rank, tag)
+        log.info("resumed from %s: step %d, %d samples consumed", tag, self.step, self.position)
+
+    # ---- training ----------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._stop_signal = signum
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss and [mlm_correct, mlm_total, nsp_correct, nsp_total] for one micro-batch."""
+        out = self.engine(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                          batch["masked_lm_positions"])
+        labels = batch["masked_lm_ids"]  # [B, P], -100 = padding
+        mlm_logits = out.mlm_logits.float()  # [B, P, V]
+        mlm_loss = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        nsp_loss = F.cross_entropy(out.nsp_logits.float(), batch["next_sentence_label"])
+        with torch.no_grad():
+            valid = labels != -100
+            counts = torch.stack([
+                ((mlm_logits.argmax(-1) == labels) & valid).sum(), valid.sum(),
+                (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum(),
+                torch.tensor(labels.shape[0], device=labels.device),
+            ]).double()
+        return mlm_loss + nsp_loss, counts
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        flag = torch.tensor([0.0 if torch.isfinite(loss) else 1.0], device=self.device)
+        dist.all_reduce(flag)
+        return flag.item() == 0.0
+
+    def train(self) -> int:
+        cfg = self.cfg
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.engine.train()
+        batches = iter(self.loader)
+        last_saved = self.step
+        in_a_row = 0
+        t_last, ema_step_time = time.monotonic(), None
+        try:
+            while self.step < cfg.schedule.total_steps:
+                # [loss_sum, micro_batches, mlm_correct, mlm_total, nsp_correct, nsp_total, tokens, stop]
+                stats = torch.zeros(8, dtype=torch.float64, device=self.device)
+                sample_ids: list[torch.Tensor] = []
+                stepped = False
+                while not stepped:
+                    batch, position = next(batches)
+                    batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                    loss, counts = self._forward(batch)
+                    self.position = position
+                    if not self._all_finite(loss):
+                        self.nonfinite_total += 1
+                        in_a_row += 1
+                        log.warning("non-finite loss at step %d (samples %s...): micro-batch skipped (%d in a row, "
+                                    "%d in total)", self.step + 1, batch["sample_index"][:4].tolist(), in_a_row,
+                                    self.nonfinite_total)
+                        if in_a_row >= cfg.log.max_nonfinite_steps:
+                            raise NonFiniteLossError(
+                                f"{in_a_row} non-finite losses in a row at step {self.step + 1}; lower optim.lr, "
+                                f"use precision.dtype=bf16 instead of fp16, or resume from an earlier checkpoint")
+                        continue
+                    in_a_row = 0
+                    stepped = self.engine.is_gradient_accumulation_boundary()
+                    # The lr this update uses: engine.step() advances the schedule at the boundary.
+                    lr = float(self.engine.get_lr()[0])
+                    self.engine.backward(loss)
+                    self.engine.step()
+                    stats[0] += loss.detach().double()
+                    stats[1] += 1
+                    stats[2:6] += counts
+                    stats[6] += batch["attention_mask"].sum()
+                    if cfg.log.sample_ids:
+                        sample_ids.append(batch["sample_index"])
+                self.step += 1
+                stats[7] = 1.0 if self._stop_signal is not None else 0.0
+                dist.all_reduce(stats)  # also agrees on stopping: every rank saves at the same step
+                ids = self._gather_ids(sample_ids) if cfg.log.sample_ids else None
+                now = time.monotonic()
+                step_time, t_last = now - t_last, now
+                ema_step_time = step_time if ema_step_time is None else 0.9 * ema_step_time + 0.1 * step_time
+                record = self._record(stats, step_time, ema_step_time, ids, lr)
+                if (cfg.log.eval_every and self.step % cfg.log.eval_every == 0) or self.step == cfg.schedule.total_steps:
+                    record.update(self.evaluate())
+                if self.step % cfg.log.log_every == 0 or "eval_mlm_accuracy" in record:
+                    self.metrics.write(record)
+                stop = stats[7].item() > 0
+                if stop or (cfg.checkpoint.save_every and self.step % cfg.checkpoint.save_every == 0):
+                    self.save()
+                    last_saved = self.step
+                if stop:
+                    log.info("stopped by signal at step %d; checkpoint saved, continue with --resume", self.step)
+                    return 0
+                t_last = time.monotonic()  # checkpoint and eval time is not step time
+            if last_saved != self.step:
+                self.save()
+            log.info("finished %d steps; checkpoints in %s", self.step, self.ckpt_dir)
+            return 0
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.metrics.close()
+
+    def _gather_ids(self, parts: list[torch.Tensor]) -> list[int]:
+        """This step's sample ids from every rank, in global stream order (rank-major per micro round)."""
+        mine = torch.stack(parts) if parts else torch.zeros(0, self.cfg.data.micro_batch_size, dtype=torch.long)
+        gathered = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(gathered, mine)
+        rounds = torch.stack(gathered, dim=1)  # [rounds, world, micro]
+        return rounds.reshape(-1).tolist()
+
+    def _record(self, stats: torch.Tensor, step_time: float, ema: float, ids: list[int] | None,
+                lr: float) -> dict[str, Any]:
+        loss_sum, micro, mlm_ok, mlm_n, nsp_ok, nsp_n, tokens, _ = stats.tolist()
+        grad_norm = self.engine.get_global_grad_norm()
+        scale = getattr(self.engine.optimizer, "cur_scale", None) if self.cfg.precision.dtype == "fp16" else 1.0
+        record: dict[str, Any] = {
+            "step": self.step,
+            "loss": loss_sum / max(micro, 1),
+            "mlm_accuracy": mlm_ok / max(mlm_n, 1),
+            "nsp_accuracy": nsp_ok / max(nsp_n, 1),
+            "lr": lr,
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "loss_scale": None if scale is None else float(scale),
+            "samples": self.position,
+            "sequences_per_s": nsp_n / step_time,
+            "tokens_per_s": tokens / step_time,
+            "step_time_s": step_time,
+            "eta_s": ema * (self.cfg.schedule.total_steps - self.step),
+            "nonfinite_skipped": self.nonfinite_total,
+        }
+        if self._peak_tflops:
+            record["mfu"] = tokens / step_time * self._flops_per_token / (self._peak_tflops * 1e12 * self.world)
+        if ids is not None:
+            record["sample_ids"] = ids
+        return record
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """MLM accuracy on held-out instances (the figure MLPerf's BERT target of 72.0% uses)."""
+        if len(self.heldout) < self.world:
+            if self.rank == 0:
+                log.info("held-out evaluation skipped: the corpus's heldout split has %d instances", len(self.heldout))
+            return {}
+        self.engine.eval()
+        counts = torch.zeros(4, dtype=torch.float64, device=self.device)
+        for batch in heldout_batches(self.heldout, max_samples=self.cfg.log.eval_samples,
+                                     micro_batch_size=self.cfg.data.micro_batch_size, rank=self.rank,
+                                     world_size=self.world):
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            _, c = self._forward(batch)
+            counts += c
+        dist.all_reduce(counts)
+        self.engine.train()
+        ok, n, nsp_ok, nsp_n = counts.tolist()
+        return {"eval_mlm_accuracy": ok / max(n, 1), "eval_nsp_accuracy": nsp_ok / max(nsp_n, 1),
+                "eval_samples": int(nsp_n)}
+
+    def save(self) -> Path:
+        meta = {
+            "step": self.step,
+            "position": self.position,
+            "world_size": self.world,
+            "nonfinite_total": self.nonfinite_total,
+            "manifest_sha256": self.manifest_sha256,
+            "config": to_dict(self.cfg),
+            "bert_config": to_dict(self.bert_config),
+            "zero_stage": self.cfg.zero.stage,
+            "precision": self.cfg.precision.dtype,
+            "corpus": {"path": str(self.data_dir), "num_instances": self.manifest.get("num_instances"),
+                       "seq_len": self.manifest.get("seq_len"), "lowercase": self.manifest.get("lowercase", True),
+                       "vocab_sha256": self.manifest.get("vocab_sha256")},
+        }
+        return save_checkpoint(self.engine, self.ckpt_dir, self.step, meta, self.vocab_file,
+                               self.cfg.checkpoint.keep_last)

@@ -1,0 +1,123 @@
+"""`bertpipe features` through the real CLI, checked against transformers on the real checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from launch import cli
+from launch.finetune.feature_extraction import parse_layers
+
+
+@pytest.fixture(scope="module")
+def texts_file(tmp_path_factory, sentences):
+    path = tmp_path_factory.mktemp("features") / "texts.txt"
+    # Many more texts than one batch, in an order that is not sorted by length.
+    path.write_text("\n".join(sentences * 3) + "\n")
+    return path
+
+
+def _hf_hidden(hf_minilm, minilm_dir, texts):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    tok.enable_padding(pad_id=0)
+    enc = tok.encode_batch(texts)
+    ids, mask = torch.tensor([e.ids for e in enc]), torch.tensor([e.attention_mask for e in enc])
+    with torch.no_grad():
+        out = hf_minilm(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids), output_hidden_states=True)
+    return out.hidden_states, mask, enc
+
+
+def test_mean_pooling_of_last_layer_matches_transformers(minilm_dir, hf_minilm, texts_file, tmp_path, capsys):
+    argv = ["features", "--checkpoint", str(minilm_dir), "--input", str(texts_file), "--out", str(tmp_path / "f"),
+            "--layers", "last", "--pool", "mean", "--batch-size", "4"]
+    assert cli.main(argv) == 0
+    ours = np.load(tmp_path / "f.npy")
+    texts = texts_file.read_text().splitlines()
+    hidden, mask, _ = _hf_hidden(hf_minilm, minilm_dir, texts)
+    m = mask.unsqueeze(-1).float()
+    expected = ((hidden[-1] * m).sum(1) / m.sum(1)).numpy()
+    assert ours.dtype == np.float32 and ours.shape == (len(texts), 384)
+    assert np.abs(ours - expected).max() < 1e-4  # rows in input order despite length-sorted batches
+    assert (tmp_path / "f.features.yaml").is_file()
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cls_and_layer_combinations(minilm_dir, hf_minilm, texts_file, tmp_path):
+    texts = texts_file.read_text().splitlines()
+    hidden, _, _ = _hf_hidden(hf_minilm, minilm_dir, texts)
+    cases = {
+        "last4-concat": torch.cat(hidden[3:7], dim=-1),
+        "last4-sum": torch.stack(hidden[3:7]).sum(0),
+        "all-sum": torch.stack(hidden[1:7]).sum(0),
+        "0,-1": torch.cat([hidden[0], hidden[6]], dim=-1),
+    }
+    for spec, expected in cases.items():
+        out = tmp_path / spec
+        assert cli.main(["features", "--checkpoint", str(minilm_dir), "--input", str(texts_file), "--out", str(out),
+                         f"--layers={spec}", "--pool", "cls"]) == 0
+        got = np.load(out.with_name(out.name + ".npy"))
+        assert np.abs(got - expected[:, 0].numpy()).max() < 1e-4, spec
+
+
+def test_per_token_parquet_with_first_subtoken(minilm_dir, hf_minilm, tmp_path):
+    texts_file = tmp_path / "in.jsonl"
+    texts = ["Kellynch Hall", "Somersetshire baronetage, unquestionably."]
+    texts_file.write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(texts)))
+    base = ["features", "--checkpoint", str(minilm_dir), "--input", str(texts_file), "--text-field", "body", "--pool", "none"]
+    assert cli.main(base + ["--out", str(tmp_path / "all")]) == 0
+    assert cli.main(base + ["--out", str(tmp_path / "first"), "--first-subtoken"]) == 0
+    hidden, _, enc = _hf_hidden(hf_minilm, minilm_dir, texts)
+    table = pq.read_table(tmp_path / "all.parquet")
+    assert table["row"].to_pylist() == [0, 1]
+    for i, e in enumerate(enc):
+        n = sum(e.attention_mask)
+        assert table["tokens"][i].as_py() == e.tokens[:n]
+        feats = np.array(table["features"][i].as_py(), dtype=np.float32)
+        assert np.abs(feats - hidden[-1][i, :n].numpy()).max() < 1e-4
+    first = pq.read_table(tmp_path / "first.parquet")["tokens"].to_pylist()
+    words = [t.lower().replace(",", " ,").replace(".", " .").split() for t in texts]
+    assert [len(t) for t in first] == [len(w) for w in words]
+    assert all(not tok.startswith("##") and tok not in ("[CLS]", "[SEP]") for row in first for tok in row)
+
+
+def test_user_errors_are_clear(minilm_dir, texts_file, tmp_path, capsys):
+    def fails(*extra):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["features", "--checkpoint", str(minilm_dir), "--out", str(tmp_path / "x"), *extra])
+        assert exc.value.code == 2
+        return capsys.readouterr().err
+
+    assert "not one of" in fails("--input", str(texts_file), "--layers", "top")
+    assert "out of range" in fails("--input", str(texts_file), "--layers", "9")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"txt": "no"}\n')
+    assert "bad.jsonl:2" in fails("--input", str(bad))
+    assert "--pool none" in fails("--input", str(texts_file), "--first-subtoken")
+    assert ".txt" in fails("--input", str(minilm_dir / "config.json"))
+    # A vocabulary that is not the checkpoint's is refused.
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (ckpt / name).symlink_to(minilm_dir / name)
+    (ckpt / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(1000)))  # not this checkpoint's
+    with pytest.raises(SystemExit):
+        cli.main(["features", "--checkpoint", str(ckpt), "--input", str(texts_file), "--out", str(tmp_path / "y")])
+    assert "1000 tokens" in capsys.readouterr().err
+
+
+def test_parse_layers_rows_of_table_7():
+    assert parse_layers("last", 12).indices == [12]
+    assert parse_layers("second-to-last", 12).indices == [11]
+    assert parse_layers("last4-concat", 12).indices == [9, 10, 11, 12]
+    assert parse_layers("last4-sum", 12).combine == "sum"
+    assert parse_layers("all-sum", 12).indices == list(range(1, 13))
+    assert parse_layers("embeddings", 12).indices == [0]
+    assert parse_layers("1, -1", 12).indices == [1, 12]
+    with pytest.raises(ValueError, match="at least 4"):
+        parse_layers("last4-sum", 2)

@@ -1,0 +1,207 @@
+"""`bertpipe finetune` end to end (in-process CLI) on every task family, with a tiny real-vocab checkpoint.
+
+The tiny model is random, so these check plumbing and every output file's format, not accuracy
+(test_sst2_minilm.py checks accuracy with real pretrained weights).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import cli
+
+from repo_paths import DATA, FIXTURES as _FIXTURES, GLUE
+FIXTURES = _FIXTURES / "downstream"
+QUICK = ["--max-train-samples", "48", "--max-eval-samples", "48", "--epochs", "1", "--batch-size", "16",
+         "--max-seq-len", "64", "--lr", "1e-3", "--no-progress"]
+
+
+def finetune(task: str, data_dir: Path, ckpt: Path, out: Path, *extra: str) -> dict:
+    argv = ["finetune", "--task", task, "--data-dir", str(data_dir), "--checkpoint", str(ckpt), "--out", str(out), *QUICK, *extra]
+    assert cli.main(argv) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_sst2_outputs_and_saved_model_round_trip(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "sst2"
+    m = finetune("sst2", GLUE, tiny_checkpoint, out)
+    assert m["task"] == "sst2" and m["metric"] == "accuracy" and m["score"] == m["accuracy"]
+    assert {"f1", "matthews_correlation", "eval_examples", "train_seconds"} <= set(m)
+    assert m["eval_examples"] == 48 and m["train_examples"] == 48
+    printed = capsys.readouterr().out
+    assert "sst2: accuracy =" in printed and "true \\ predicted" in printed
+    rows = (out / "predictions" / "dev.tsv").read_text().splitlines()
+    assert rows[0] == "guid\tprediction\tlabel" and len(rows) == 49
+    assert (out / "confusion_matrix.png").stat().st_size > 1000
+    assert (out / "config.yaml").is_file()
+    # The saved HF model reloads and reproduces the written dev predictions.
+    from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
+    from launch.finetune.encoding import collate, text_features
+    from launch.finetune.glue import GLUE_TASKS, read_split
+    from model.heads import BertForSequenceClassification
+    from model.hf import load_pretrained
+
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["id2label"] == {"0": "0", "1": "1"} and config["finetuning_task"] == "sst2"
+    model, report = load_pretrained(BertForSequenceClassification, out / "model", num_labels=2)
+    assert not report.missing_keys
+    model.eval()
+    dev = {ex.guid: ex for ex in read_split(GLUE_TASKS["sst2"], GLUE, "dev")}
+    written = [r.split("\t") for r in rows[1:9]]
+    tok = load_tokenizer(open_checkpoint(out / "model"))
+    feats = text_features([dev[g] for g, _, _ in written], tok, max_seq_len=64, label_ids={"0": 0, "1": 1})
+    batch = collate(feats)
+    with torch.no_grad():
+        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    assert [str(int(i)) for i in logits.argmax(-1)] == [p for _, p, _ in written]
+
+
+def test_mnli_matched_mismatched_and_glue_submission(tiny_checkpoint, tmp_path):
+    out = tmp_path / "mnli"
+    m = finetune("mnli", FIXTURES, tiny_checkpoint, out)
+    assert {"accuracy", "mismatched_accuracy"} <= set(m) and m["eval_examples"] == 4
+    sub = (out / "submission" / "MNLI-mm.tsv").read_text().splitlines()
+    assert sub[0] == "index\tprediction" and len(sub) == 4
+    assert all(line.split("\t")[1] in ("contradiction", "entailment", "neutral") for line in sub[1:])
+    assert (out / "submission" / "MNLI-m.tsv").is_file()
+
+
+@pytest.mark.parametrize("task, submission, keys", [("qnli", "QNLI.tsv", {"accuracy"}), ("qqp", "QQP.tsv", {"f1", "accuracy"})])
+def test_qnli_qqp_fixtures(tiny_checkpoint, tmp_path, task, submission, keys):
+    m = finetune(task, FIXTURES, tiny_checkpoint, tmp_path / task, "--no-save-model")
+    assert keys <= set(m)
+    lines = (tmp_path / task / "submission" / submission).read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) > 1
+    assert not (tmp_path / task / "model").exists()
+
+
+def test_stsb_regression(tiny_checkpoint, tmp_path):
+    m = finetune("stsb", GLUE, tiny_checkpoint, tmp_path / "stsb", "--no-save-model")
+    assert m["metric"] == "spearmanr" and {"pearson", "spearmanr", "mse"} <= set(m)
+    preds = (tmp_path / "stsb" / "predictions" / "dev.tsv").read_text().splitlines()[1:]
+    float(preds[0].split("\t")[1])
+
+
+def test_classify_multiclass_csv_from_real_cola_sources(tiny_checkpoint, tmp_path):
+    rows = [line.rstrip("\n").split("\t") for line in open(GLUE / "CoLA" / "train.tsv", encoding="utf-8")]
+    data = tmp_path / "data"
+    data.mkdir()
+    by_source = {src: [r for r in rows if r[0] == src] for src in ("ks08", "l-93", "r-67")}
+    for name, lo, hi in (("train", 0, 40), ("dev", 40, 56), ("test", 56, 60)):
+        with open(data / f"{name}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["sentence", "source"] if name != "test" else ["sentence"])
+            w.writerows(([r[3], r[0]] if name != "test" else [r[3]]) for v in by_source.values() for r in v[lo:hi])
+    out = tmp_path / "out"
+    m = finetune("classify", data, tiny_checkpoint, out, "--text-column", "sentence", "--label-column", "source")
+    assert {"accuracy", "macro_f1", "micro_f1"} <= set(m) and "f1" not in m
+    table = (out / "confusion_matrix.txt").read_text().splitlines()
+    assert table[1].split() == ["|", "ks08", "l-93", "r-67"] and len(table) == 6
+    assert sum(int(v) for line in table[3:] for v in line.split("|")[1].split()) == 48
+    assert len((out / "predictions" / "test.tsv").read_text().splitlines()) == 13
+    assert json.loads((out / "model" / "config.json").read_text())["id2label"]["2"] == "r-67"
+
+
+def test_conll2003_with_document_context(tiny_checkpoint, tmp_path):
+    out = tmp_path / "ner"
+    m = finetune("conll2003", DATA / "conll2003", tiny_checkpoint, out, "--doc-context", "--no-save-model")
+    assert m["metric"] == "f1" and {"precision", "recall", "accuracy"} <= set(m)
+    pred = (out / "predictions" / "dev.txt").read_text().split("\n\n")
+    words = [line.split() for line in pred[0].splitlines()]
+    assert all(len(w) == 3 for w in words)  # word gold predicted, CoNLL evaluation layout
+    assert (out / "dev_entity_report.txt").is_file()
+
+
+def test_tag_jsonl(tiny_checkpoint, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"tokens": ["Ada", "Lovelace", "wrote", "notes"], "tags": ["B-PER", "I-PER", "O", "O"]},
+            {"tokens": ["Paris", "is", "big"], "tags": ["B-LOC", "O", "O"]}] * 8
+    for name in ("train", "dev"):
+        (data / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    m = finetune("tag", data, tiny_checkpoint, tmp_path / "out", "--text-column", "tokens", "--label-column", "tags",
+                 "--no-save-model")
+    assert "f1" in m and m["eval_examples"] == 16
+
+
+def test_squad(tiny_checkpoint, tmp_path):
+    data = tmp_path / "squad"
+    data.mkdir()
+    shutil.copy(DATA / "squad" / "dev-v1.1-subset.json", data / "train-v1.1.json")
+    shutil.copy(DATA / "squad" / "dev-v1.1-subset.json", data / "dev-v1.1.json")
+    out = tmp_path / "out"
+    m = finetune("squad", data, tiny_checkpoint, out, "--max-seq-len", "128", "--doc-stride", "64", "--no-save-model")
+    assert m["metric"] == "f1" and {"exact_match", "f1"} <= set(m) and m["eval_examples"] == 48
+    best = json.loads((out / "predictions" / "predictions.json").read_text())
+    nbest = json.loads((out / "predictions" / "nbest_predictions.json").read_text())
+    assert len(best) == 48 and set(best) == set(nbest)
+    assert all(abs(sum(e["probability"] for e in v) - 1) < 1e-6 for v in nbest.values())
+
+
+def test_swag(tiny_checkpoint, tmp_path):
+    out = tmp_path / "swag"
+    m = finetune("swag", FIXTURES / "SWAG", tiny_checkpoint, out, "--no-save-model")
+    assert m["metric"] == "accuracy" and m["eval_examples"] == 3
+    assert len((out / "predictions" / "test.tsv").read_text().splitlines()) == 4
+
+
+def test_freeze_trains_only_the_head(tiny_checkpoint, tmp_path):
+    finetune("sst2", GLUE, tiny_checkpoint, tmp_path / "frozen", "--freeze")
+    from model.hf import read_hf_state
+
+    before, _ = read_hf_state(tiny_checkpoint)
+    after, _ = read_hf_state(tmp_path / "frozen" / "model")
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    assert torch.equal(before[key], after[key])
+
+
+# ---- bad input: exit code 2 and a message that says what to change, before any training -----------------
+
+
+def _error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_refuses_a_directory_without_bert(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tmp_path), "--out",
+                  str(tmp_path / "o")], capsys)
+    assert "holds no BERT" in err and "Traceback" not in err
+
+
+def test_refuses_a_vocab_that_does_not_match(tiny_checkpoint, tmp_path, capsys):
+    other = tmp_path / "vocab.txt"
+    other.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+                  "--vocab", str(other), "--out", str(tmp_path / "o")], capsys)
+    assert "is not the vocabulary of checkpoint" in err
+    bigger = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, bigger)
+    with open(bigger / "vocab.txt", "a") as f:
+        f.write("extra1\nextra2\n")
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(bigger),
+                  "--out", str(tmp_path / "o2")], capsys)
+    assert "30524 tokens but the checkpoint's embeddings have 30522 rows" in err
+
+
+def test_bad_data_and_settings_are_cli_errors(tiny_checkpoint, tmp_path, capsys):
+    base = ["--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "o")]
+    err = _error(["finetune", "--task", "rte", "--data-dir", str(FIXTURES / "broken" / "rte_unknown_label"), *base], capsys)
+    assert "RTE/train.tsv:3: unknown label 'maybe'" in err
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(FIXTURES / "broken" / "sst2_malformed"), *base], capsys)
+    assert "train.tsv:4" in err and "--skip-malformed" in err
+    err = _error(["finetune", "--task", "nope", "--data-dir", str(GLUE), *base], capsys)
+    assert "unknown task 'nope'" in err
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--lr", "-1", *base], capsys)
+    assert "--lr must be positive" in err
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--set", "warmpu=0.1", *base], capsys)
+    assert "unknown config key(s) warmpu" in err

@@ -1,0 +1,171 @@
+"""Readers on the real bundled data (GLUE, CoNLL-2003, SQuAD) and on hand-written official-layout fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch.finetune import conll, glue, squad, swag, userdata
+from launch.finetune.finetune_config import FinetuneConfig
+from launch.finetune.examples import DataError, SkipCounter
+from launch.finetune.tasks import get_task
+
+from repo_paths import DATA, FIXTURES as _FIXTURES, GLUE
+FIXTURES = _FIXTURES / "downstream"
+
+
+def load(task: str, data_dir, **cfg):
+    return get_task(task).load(data_dir, FinetuneConfig(task=task, **cfg))
+
+
+@pytest.mark.parametrize(
+    "task, n_train, n_dev, labels, first_dev",
+    [
+        ("sst2", 6920, 872, ("0", "1"), ("one long string of cliches .", None, "0")),
+        ("mrpc", 1000, 408, ("0", "1"), None),
+        ("rte", 600, 277, ("entailment", "not_entailment"), None),
+        ("cola", 8551, 527, ("0", "1"), ("The sailors rode the breeze clear of the rocks.", None, "1")),
+        ("stsb", 1500, 1500, None, ("A man with a hard hat is dancing.", "A man wearing a hard hat is dancing.", 5.0)),
+    ],
+)
+def test_glue_real_data(task, n_train, n_dev, labels, first_dev):
+    data = load(task, GLUE)
+    assert len(data.train) == n_train
+    (dev,) = data.evals
+    assert dev.labelled and len(dev.examples) == n_dev
+    assert data.labels == labels
+    if first_dev:
+        ex = dev.examples[0]
+        assert (ex.text_a, ex.text_b, ex.label) == first_dev
+    if labels:
+        assert {ex.label for ex in data.train} == set(labels)
+    if task in ("mrpc", "rte", "stsb"):
+        assert all(ex.text_b for ex in data.train)
+
+
+def test_mrpc_columns_by_header():
+    ex = load("mrpc", GLUE).evals[0].examples[0]
+    assert ex.text_a.startswith("Detectives told Deasean's father") and ex.label == "1"
+    assert ex.text_b.startswith("Shortly after his arrest, detective")
+
+
+def test_mnli_matched_mismatched_and_tests():
+    data = load("mnli", FIXTURES)
+    assert len(data.train) == 10 and data.labels == ("contradiction", "entailment", "neutral")
+    names = [(s.name, s.labelled, s.prefix, s.submission) for s in data.evals]
+    assert names == [
+        ("dev_matched", True, "", None), ("dev_mismatched", True, "mismatched_", None),
+        ("test_matched.tsv", False, "", "MNLI-m.tsv"), ("test_mismatched.tsv", False, "", "MNLI-mm.tsv"),
+    ]
+    assert data.evals[0].examples[1].label == "contradiction"  # dev: gold_label is the last of 16 columns
+    assert data.evals[2].examples[0].guid == "0" and data.evals[2].examples[0].label is None
+
+
+def test_qnli_and_qqp_fixtures():
+    qnli = load("qnli", FIXTURES)
+    assert len(qnli.train) == 6 and qnli.train[2].label == "entailment"
+    assert qnli.train[0].text_a == "When did the third Digimon series begin?"
+    assert [s.name for s in qnli.evals] == ["dev", "test.tsv"]
+    qqp = load("qqp", FIXTURES)
+    assert [ex.label for ex in qqp.train] == ["0", "1", "0", "1", "0", "0", "1", "1"]
+    test = qqp.evals[1]
+    assert test.submission == "QQP.tsv" and test.examples[1].text_b == "How do you control your horniness?"
+
+
+def test_swag_fixture_layout():
+    train = swag.read_swag(FIXTURES / "SWAG" / "train.csv", labelled=True)
+    assert len(train) == 6
+    ex = train[1]
+    assert ex.guid == "3417" and ex.label == 3 and ex.start == "Members of the procession"
+    assert ex.endings[3] == "continue to play marching, interspersed."  # quoted CSV field with a comma
+    test = swag.read_swag(FIXTURES / "SWAG" / "test.csv", labelled=False)
+    assert [e.label for e in test] == [None, None, None]
+
+
+def test_conll_real_data():
+    path = conll.find_file(DATA, "train", required=True)
+    sents = conll.read_conll(path)
+    assert sents[0].words == ("EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", ".")
+    assert sents[0].tags == ("B-ORG", "O", "B-MISC", "O", "O", "O", "B-MISC", "O", "O")
+    assert sents[1].words == ("Peter", "Blackburn") and sents[1].doc_id == sents[0].doc_id
+    docs = {s.doc_id for s in sents}
+    assert len(docs) > 10
+    dev = conll.read_conll(conll.find_file(DATA, "dev", required=True))
+    assert len(dev) > 500 and all(len(s.words) == len(s.tags) for s in dev)
+
+
+def test_squad_subset():
+    examples = squad.read_squad(squad.find_file(DATA, "dev", required=True))
+    assert len(examples) == 705
+    first = examples[0]
+    assert first.question == "In what country is Normandy located?" and first.answers[0]["text"] == "France"
+    for ex in examples:
+        for a in ex.answers:
+            assert ex.context[a["answer_start"]: a["answer_start"] + len(a["text"])] == a["text"]
+
+
+def test_user_csv_multiclass_from_real_cola_sources(tmp_path):
+    """classify: labels are whatever the data holds (here the CoLA source a sentence was taken from)."""
+    import csv
+
+    rows = [line.rstrip("\n").split("\t") for line in open(GLUE / "CoLA" / "train.tsv", encoding="utf-8")]
+    by_source = {src: [r for r in rows if r[0] == src] for src in ("ks08", "l-93", "r-67")}
+    for name, lo, hi in (("train", 0, 100), ("dev", 100, 133)):
+        with open(tmp_path / f"{name}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["sentence", "source"])
+            w.writerows([r[3], r[0]] for src_rows in by_source.values() for r in src_rows[lo:hi])
+    data = load("classify", tmp_path, text_column="sentence", label_column="source")
+    assert data.labels == ("ks08", "l-93", "r-67")
+    assert len(data.train) == 300 and len(data.evals[0].examples) == 99
+
+
+# ---- bad input: a clear error naming the file and line, or a counted skip when asked ------------------
+
+
+def test_malformed_line_reports_file_and_line():
+    spec = glue.GLUE_TASKS["sst2"]
+    with pytest.raises(DataError, match=r"SST-2/train.tsv:4: expected 2 tab-separated fields, got 1"):
+        glue.read_split(spec, FIXTURES / "broken" / "sst2_malformed", "train")
+    kept = glue.read_split(spec, FIXTURES / "broken" / "sst2_malformed", "train", skip_malformed=True)
+    assert [ex.text_a for ex in kept] == ["a gripping , funny film .", "a dull , lifeless mess .", "an utterly charming comedy ."]
+
+
+def test_unknown_label_and_missing_split():
+    with pytest.raises(DataError, match=r"RTE/train.tsv:3: unknown label 'maybe'"):
+        load("rte", FIXTURES / "broken" / "rte_unknown_label")
+    with pytest.raises(DataError, match=r"dev.tsv, which does not exist"):
+        load("sst2", FIXTURES / "broken" / "sst2_missing_dev")
+    with pytest.raises(DataError, match=r"missing the train split"):
+        load("classify", FIXTURES / "broken")
+    with pytest.raises(DataError, match=r"missing the dev split"):
+        load("classify", FIXTURES / "SWAG")
+
+
+def test_user_jsonl_bad_line_and_unknown_dev_label():
+    bad = FIXTURES / "broken" / "classify_bad_jsonl"
+    with pytest.raises(DataError, match=r"train.jsonl:3: not valid JSON"):
+        load("classify", bad)
+    with pytest.raises(DataError, match=r"dev.jsonl:2: unknown label 'neutral'"):
+        load("classify", bad, skip_malformed=True)
+
+
+def test_conll_and_swag_bad_lines():
+    with pytest.raises(DataError, match=r"train.txt:6: expected 4 space-separated fields"):
+        conll.read_conll(FIXTURES / "broken" / "conll_bad" / "train.txt")
+    skips = SkipCounter(allow=True)
+    assert len(conll.read_conll(FIXTURES / "broken" / "conll_bad" / "train.txt", skips=skips)[0].words) == 3
+    assert skips.count == 1
+    with pytest.raises(DataError, match=r"train.csv:3: unknown label '7'"):
+        swag.read_swag(FIXTURES / "broken" / "swag_bad_label" / "train.csv", labelled=True)
+
+
+def test_user_regress_needs_numbers(tmp_path):
+    (tmp_path / "train.tsv").write_text("text\tscore\nfine\t1.5\nbad\tnot-a-number\n")
+    (tmp_path / "dev.tsv").write_text("text\tscore\nok\t2\n")
+    with pytest.raises(DataError, match=r"train.tsv:3: label 'not-a-number' is not a number"):
+        load("regress", tmp_path, label_column="score")
+    rows = userdata.read_text_split(tmp_path / "dev.tsv", userdata.Columns(label="score"), labelled=True,
+                                    regression=True, skips=SkipCounter())
+    assert rows[0][1].label == 2.0

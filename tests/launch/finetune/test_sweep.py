@@ -1,0 +1,203 @@
+"""Sweeps: grid expansion and the paper-style table (pure), then real Ray Tune runs on CPU: a crashing
+trial retried by FailureConfig, an interrupted sweep resumed, and a job sent with `ray job submit`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from launch.finetune.report import markdown_table, summarize
+from launch.finetune.tune_sweep import expand, load_grid, run_sweep
+
+from repo_paths import REPO
+GLUE = REPO / "data" / "glue"
+TRIAL = {"max_train_samples": 32, "max_eval_samples": 32, "max_seq_len": 32}
+
+
+def test_paper_grid_and_expansion(tmp_path):
+    grid = load_grid("paper")
+    points = expand(["sst2", "mrpc"], grid, [1, 2])
+    assert len(points) == 2 * 18 * 2
+    assert {(p["batch_size"], p["lr"], p["epochs"]) for p in points} == {
+        (b, lr, e) for b in (16, 32) for lr in (5e-5, 3e-5, 2e-5) for e in (2, 3, 4)}
+    assert [p["index"] for p in points] == list(range(len(points)))
+    (tmp_path / "g.yaml").write_text("lr: [1.0e-4, 5.0e-5]\nwarmup: 0.06\n")
+    assert load_grid(tmp_path / "g.yaml") == {"lr": [1e-4, 5e-5], "warmup": [0.06]}
+    (tmp_path / "bad.yaml").write_text("learning_rate: [1.0e-4]\n")
+    with pytest.raises(ValueError, match="learning_rate"):
+        load_grid(tmp_path / "bad.yaml")
+
+
+def test_summary_picks_best_mean_over_seeds_and_lays_out_the_paper_table():
+    def trial(task, lr, seed, score, **extra):
+        return {"point": {"task": task, "lr": lr, "batch_size": 32, "epochs": 3, "seed": seed, "index": 0},
+                "metrics": {"score": score, **extra}, "error": None}
+
+    trials = [
+        trial("rte", 5e-5, 1, 0.60), trial("rte", 5e-5, 2, 0.70),  # mean 0.65
+        trial("rte", 2e-5, 1, 0.68), trial("rte", 2e-5, 2, 0.66),  # mean 0.67: best mean, not best single run
+        trial("mnli", 3e-5, 1, 0.84, mismatched_accuracy=0.83),
+        {"point": {"task": "sst2", "lr": 3e-5, "batch_size": 32, "epochs": 3, "seed": 1, "index": 9},
+         "metrics": None, "error": "RuntimeError: boom"},
+    ]
+    s = summarize(trials)
+    assert s["rte"]["best"]["config"]["lr"] == 2e-5 and s["rte"]["best"]["score"] == pytest.approx(0.67)
+    assert s["sst2"]["best"] is None and len(s["sst2"]["failed"]) == 1
+    table = markdown_table(s, name="bert-tiny")
+    lines = table.splitlines()
+    assert lines[0] == "| System | MNLI-(m/mm) | SST-2 | RTE | Average |"  # the paper's column order
+    assert lines[3] == "| bert-tiny | 84.0/83.0 | failed | 67.0 ±1.0 | - |"
+    assert "Failed trials (after retries): sst2: 1" in table
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One embedded Ray for this module's sweeps (run_sweep reuses a running Ray instead of starting one)."""
+    import ray
+
+    temp = tempfile.mkdtemp(prefix="bp-ray-")
+    ray.init(num_cpus=2, _temp_dir=temp, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, tmp_path):
+    out = tmp_path / "sweep"
+    result = run_sweep(["sst2"], tiny_checkpoint, GLUE, out, grid="quick", overrides=TRIAL,
+                       crash_first_attempt=1, max_failures=1, name="tiny")
+    assert result.failed == 0 and len(result.trials) == 2
+    assert (out / "fault_injection" / "trial-001").is_file()  # it did crash once, and FailureConfig retried it
+    assert (out / "trials" / "sst2-001" / "metrics.json").is_file()
+    data = json.loads((out / "results.json").read_text())
+    assert data["summary"]["sst2"]["best"]["config"]["lr"] in (5e-5, 3e-5) and len(data["trials"]) == 2
+    # the kept config is the trial with the highest dev score of the task's metric (not just any grid point)
+    top = max(data["trials"], key=lambda t: t["metrics"]["score"])
+    assert data["summary"]["sst2"]["best"]["config"]["lr"] == top["point"]["lr"]
+    assert data["summary"]["sst2"]["best"]["score"] == pytest.approx(top["metrics"]["score"])
+    assert all(t["metrics"]["score"] == t["metrics"]["accuracy"] for t in data["trials"])
+    assert (out / "results.md").read_text().splitlines()[0] == "| System | SST-2 | Average |"
+    assert (out / "sweep.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="--resume"):
+        run_sweep(["sst2"], tiny_checkpoint, GLUE, out, grid="quick", overrides=TRIAL)
+
+    # No retries: the crash sticks, the sweep reports it; --resume re-runs only that trial.
+    out2 = tmp_path / "interrupted"
+    first = run_sweep(["sst2"], tiny_checkpoint, GLUE, out2, grid="quick", overrides=TRIAL,
+                      crash_first_attempt=0, max_failures=0)
+    assert first.failed == 1 and first.summary["sst2"]["failed"][0]["index"] == 0
+    # Tune copies trial dirs into OUT (file times change); a re-run would write a new result line.
+    done = out2 / "tune" / "sst2-001" / "result.json"
+    before = done.read_text()
+    resumed = run_sweep(["sst2"], tiny_checkpoint, GLUE, out2, grid="quick", overrides=TRIAL, resume=True)
+    assert resumed.failed == 0 and len(resumed.trials) == 2
+    assert done.read_text() == before  # the finished trial was kept, not re-run
+    assert (out2 / "trials" / "sst2-000" / "metrics.json").is_file()
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_ray_job_submit_to_a_local_head(tiny_checkpoint, tmp_path):
+    """`ray start --head` on loopback (unique ports, private temp dir), then `ray job submit -- bertpipe sweep`."""
+    bin_dir = Path(sys.executable).parent
+    temp = tempfile.mkdtemp(prefix="bp-rayjob-")
+    gcs, dash, client, nm, om, agent_http, agent_grpc, rt_env, metrics, worker_lo = _free_ports(10)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    start = [str(bin_dir / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+             f"--node-manager-port={nm}", f"--object-manager-port={om}", f"--dashboard-agent-listen-port={agent_http}",
+             f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={rt_env}",
+             f"--metrics-export-port={metrics}", "--num-cpus=2", f"--temp-dir={temp}", "--include-dashboard=true",
+             "--disable-usage-stats"]
+    out = tmp_path / "job_sweep"
+    # --block keeps `ray start` in the foreground; in its own session, so that stopping kills exactly this
+    # cluster's processes (never `ray stop`, which would stop every Ray on the machine).
+    head = subprocess.Popen(start + ["--block"], env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    try:
+        _wait_for_dashboard(dash, head)
+        submit = [str(bin_dir / "ray"), "job", "submit", f"--address=http://127.0.0.1:{dash}", f"--working-dir={REPO}",
+                  "--", "bertpipe", "sweep", "--tasks", "sst2", "--grid", "quick", "--checkpoint", str(tiny_checkpoint),
+                  "--data-dir", str(GLUE), "--out", str(out), "--max-train-samples", "32", "--max-eval-samples", "32",
+                  "--max-seq-len", "32"]
+        job = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=420)
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        assert "| System | SST-2 | Average |" in job.stdout
+        assert "succeeded" in job.stdout
+        assert json.loads((out / "results.json").read_text())["summary"]["sst2"]["best"] is not None
+    finally:
+        _stop_cluster(head, temp)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_for_dashboard(port: int, head: subprocess.Popen, timeout: float = 180) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"ray start exited with {head.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError("the Ray dashboard did not come up")
+
+
+def _stop_cluster(head: subprocess.Popen, temp: str) -> None:
+    """SIGTERM, then SIGKILL, this head's process group and any process still naming its private temp dir."""
+    import signal
+    import time
+
+    def ours() -> list[int]:
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if temp in cmd and int(proc.name) != os.getpid():
+                    pids.append(int(proc.name))
+        return pids
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(head.pid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in ours():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            head.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(2)

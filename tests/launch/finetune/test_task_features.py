@@ -1,0 +1,103 @@
+"""Features: pair truncation, first-sub-token NER labels, SQuAD windows and n-best decoding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launch.finetune import squad
+from launch.finetune.examples import ChoiceExample, TaggedExample, TextExample
+from launch.finetune.encoding import IGNORE, choice_features, collate, tag_features, text_features
+
+from repo_paths import DATA
+
+
+def test_text_pair_truncation_and_collate(tokenizer):
+    long_a = " ".join(["alpha"] * 40)
+    examples = [TextExample("0", long_a, "beta gamma", "1"), TextExample("1", "short one", None, "0")]
+    feats = text_features(examples, tokenizer, max_seq_len=16, label_ids={"0": 0, "1": 1})
+    assert len(feats[0].input_ids) == 16  # longest-first cuts the long sentence, keeps the pair
+    assert tokenizer.decode(feats[0].input_ids[-4:-1]) == "beta gamma"
+    assert feats[0].token_type_ids[-1] == 1 and feats[1].token_type_ids == [0] * 4
+    batch = collate(feats)
+    assert batch["input_ids"].shape == (2, 16)
+    assert batch["attention_mask"][1].tolist() == [1] * 4 + [0] * 12
+    assert batch["labels"].tolist() == [1, 0]
+    # tokenizer state is restored: later encodes are not truncated
+    assert len(tokenizer.encode(long_a).ids) == 42
+
+
+def test_ner_labels_first_subtoken_and_chunks(tokenizer):
+    ex = TaggedExample("s", ("Blackburn", "visited", "Gethsemane"), ("B-PER", "O", "B-LOC"), "d1")
+    ids = {"O": 0, "B-PER": 1, "B-LOC": 2}
+    (feat,) = tag_features([ex], tokenizer, max_seq_len=32, label_ids=ids)
+    pieces = [tokenizer.id_to_token(i) for i in feat.input_ids]
+    assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]"
+    assert pieces[1:-1] == ["blackburn", "visited", "get", "##hs", "##eman", "##e"]
+    assert feat.label == [IGNORE, 1, 0, 2, IGNORE, IGNORE, IGNORE, IGNORE]
+    assert feat.word_index == [0, 1, 2]
+    # a window too small for the sentence: split into whole-word chunks, every word still predicted
+    chunks = tag_features([ex], tokenizer, max_seq_len=6, label_ids=ids)
+    assert [c.word_index for c in chunks] == [[0, 1], [2]]
+    assert all(len(c.input_ids) <= 6 for c in chunks)
+
+
+def test_ner_document_context_is_unlabelled(tokenizer):
+    doc = [TaggedExample(str(i), (w,), ("O",), "d") for i, w in enumerate(["before", "target", "after"])]
+    feats = tag_features(doc, tokenizer, max_seq_len=16, label_ids={"O": 0}, doc_context=True)
+    mid = feats[1]
+    assert [tokenizer.id_to_token(i) for i in mid.input_ids] == ["[CLS]", "before", "target", "after", "[SEP]"]
+    assert mid.label == [IGNORE, IGNORE, 0, IGNORE, IGNORE]
+
+
+def test_choice_features_shape(tokenizer):
+    ex = ChoiceExample("1", "A man is standing on a ladder.", "He", ("swims.", "climbs the roof.", "sings.", "naps."), 1)
+    (feat,) = choice_features([ex], tokenizer, max_seq_len=32)
+    assert len(feat.input_ids) == 4
+    assert tokenizer.decode(feat.input_ids[1]).endswith("he climbs the roof.")
+    batch = collate([feat, feat])
+    assert batch["input_ids"].shape[:2] == (2, 4) and batch["labels"].tolist() == [1, 1]
+
+
+def test_squad_windows_cover_the_context_with_stride(tokenizer):
+    examples = squad.read_squad(DATA / "squad" / "dev-v1.1-subset.json")[:40]
+    feats, skipped = squad.build_features(examples, tokenizer, max_seq_len=64, doc_stride=16, max_query_length=12,
+                                          training=True)
+    assert skipped == 0
+    assert all(len(f.input_ids) <= 64 for f in feats)
+    assert len(feats) > len(examples)  # contexts are longer than one window
+    # every training answer lies in at least one window, marked with token positions inside the context part
+    found = {f.example_index for f in feats if f.start_position > 0}
+    assert found == set(range(len(examples)))
+    # each context token is "max context" in exactly one window
+    first = [f for f in feats if f.example_index == 0]
+    owners = {}
+    for f in first:
+        for off, best in zip(f.offsets, f.max_context):
+            if off is not None and best:
+                assert off not in owners
+                owners[off] = True
+    assert len(owners) == len(tokenizer.encode(examples[0].context, add_special_tokens=False).ids)
+
+
+def test_squad_decoding_recovers_gold_answers_from_oracle_logits(tokenizer):
+    """Logits peaked at the gold span must decode to the gold text and score EM 100 (windows, offsets, n-best)."""
+    examples = squad.read_squad(DATA / "squad" / "dev-v1.1-subset.json")
+    feats, _ = squad.build_features(examples, tokenizer, max_seq_len=96, doc_stride=32, max_query_length=24,
+                                    training=True)
+    starts, ends = [], []
+    for f in feats:
+        s, e = np.zeros(len(f.input_ids)), np.zeros(len(f.input_ids))
+        if f.start_position > 0:
+            s[f.start_position] = e[f.end_position] = 10.0
+        starts.append(s)
+        ends.append(e)
+    eval_feats, _ = squad.build_features(examples, tokenizer, max_seq_len=96, doc_stride=32, max_query_length=24,
+                                         training=False)
+    assert [f.input_ids for f in eval_feats] == [f.input_ids for f in feats]
+    best, nbest = squad.postprocess(examples, eval_feats, starts, ends, n_best=5, max_answer_length=64)
+    scores = squad.evaluate(examples, best)
+    assert scores["exact_match"] == pytest.approx(100.0)
+    assert nbest[examples[0].guid][0]["probability"] > 0.5

@@ -1,0 +1,121 @@
+"""The optimisation recipe (lr schedule, weight-decay groups), eval mode, seeded determinism, and SQuAD
+answer choice across windows / under max_answer_length."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from launch.finetune import squad
+from launch.finetune.finetune_config import FinetuneConfig
+from launch.finetune.examples import QAExample
+from launch.finetune.runner import Finetuner, _param_groups, lr_factor
+
+from repo_paths import GLUE
+
+
+def test_lr_schedule_linear_warmup_then_linear_decay():
+    warmup, steps = 10, 100
+    f = [lr_factor(s, warmup, steps) for s in range(steps + 1)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)  # warm-up reaches the peak
+    assert f[10] == pytest.approx(1.0) and f[55] == pytest.approx(0.5) and f[100] == 0.0
+    assert all(a <= b for a, b in zip(f[:10], f[1:10])) and all(a >= b for a, b in zip(f[10:], f[11:]))
+    assert lr_factor(0, 0, 50) == pytest.approx(1.0)  # no warm-up: start at the peak
+
+
+def test_no_weight_decay_on_bias_and_layernorm():
+    from model.config import BertConfig
+    from model.heads import BertForSequenceClassification
+
+    model = BertForSequenceClassification(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=32), num_labels=3)
+    decay, no_decay = _param_groups(model, 0.01)
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = [names[id(p)] for p in decay["params"]]
+    spared = [names[id(p)] for p in no_decay["params"]]
+    assert len(decayed) + len(spared) == len(names)  # every parameter in exactly one group
+    assert not [n for n in decayed if n.endswith("bias") or "layernorm" in n.lower().replace("_", "")]
+    assert all(n.endswith("bias") or "norm" in n.lower() for n in spared)
+    assert any("norm" in n.lower() and n.endswith("weight") for n in spared)
+    assert any(n.endswith("classifier.weight") for n in decayed)
+
+
+def _cfg(ckpt: Path, out: Path, seed: int) -> FinetuneConfig:
+    return FinetuneConfig(task="sst2", data_dir=str(GLUE), checkpoint=str(ckpt), out=str(out), seed=seed,
+                          max_train_samples=32, max_eval_samples=32, epochs=1, batch_size=8, max_seq_len=32,
+                          lr=1e-3, save_model=False, progress=False)
+
+
+def test_evaluation_runs_in_eval_mode_without_dropout(tiny_checkpoint, tmp_path):
+    ft = Finetuner(_cfg(tiny_checkpoint, tmp_path / "o", 1))
+    ft.prepare()
+    feats = ft.eval_feats[0]
+    ft.model.train()  # as left by training: predict must switch dropout off itself
+    first = np.stack(ft.predict(feats))
+    ft.model.train()
+    second = np.stack(ft.predict(feats))
+    assert not ft.model.training
+    np.testing.assert_array_equal(first, second)
+
+
+def test_same_seed_same_run_other_seed_other_run(tiny_checkpoint, tmp_path):
+    def run(seed: int, name: str):
+        m = Finetuner(_cfg(tiny_checkpoint, tmp_path / name, seed)).run()
+        preds = (tmp_path / name / "predictions" / "dev.tsv").read_text()
+        return m, preds
+
+    a, pa = run(3, "a")
+    b, pb = run(3, "b")
+    c, _ = run(4, "c")
+    assert a["train_loss"] == b["train_loss"] and a["accuracy"] == b["accuracy"] and pa == pb
+    assert c["train_loss"] != a["train_loss"]
+    assert json.loads((tmp_path / "a" / "metrics.json").read_text())["train_loss"] == a["train_loss"]
+
+
+def _one_example(tokenizer, n_words: int = 60):
+    words = [f"w{i}" for i in range(n_words)]
+    context = " ".join(words)
+    ex = QAExample("q", "which word", context, ({"text": "w0", "answer_start": 0},))
+    feats, _ = squad.build_features([ex], tokenizer, max_seq_len=40, doc_stride=16, max_query_length=8, training=False)
+    return ex, feats
+
+
+def test_squad_best_span_across_windows_and_max_answer_length(tokenizer):
+    ex, feats = _one_example(tokenizer)
+    assert len(feats) >= 2
+
+    def logits(spans):
+        """spans: (feature index, start pos, end pos, score) peaks; everything else 0."""
+        s = [np.zeros(len(f.input_ids)) for f in feats]
+        e = [np.zeros(len(f.input_ids)) for f in feats]
+        for fi, sp, ep, score in spans:
+            s[fi][sp] = e[fi][ep] = score
+        return s, e
+
+    def owned(fi):  # context positions whose max-context window is fi
+        return [p for p, (o, m) in enumerate(zip(feats[fi].offsets, feats[fi].max_context)) if o is not None and m]
+
+    p0, p1 = owned(0)[1], owned(1)[1]
+    text = lambda fi, sp, ep: ex.context[feats[fi].offsets[sp][0]: feats[fi].offsets[ep][1]]  # noqa: E731
+    # the higher-scoring span wins, whichever window it is in
+    best, _ = squad.postprocess([ex], feats, *logits([(0, p0, p0 + 1, 5.0), (1, p1, p1 + 1, 8.0)]), n_best=5)
+    assert best["q"] == text(1, p1, p1 + 1)
+    best, _ = squad.postprocess([ex], feats, *logits([(0, p0, p0 + 1, 9.0), (1, p1, p1 + 1, 8.0)]), n_best=5)
+    assert best["q"] == text(0, p0, p0 + 1)
+    # a start in a window that is not its max-context window is not used from that window
+    not_owned = [p for p, (o, m) in enumerate(zip(feats[0].offsets, feats[0].max_context)) if o is not None and not m]
+    assert not_owned
+    q = not_owned[0]
+    _, nbest = squad.postprocess([ex], feats, *logits([(0, q, q, 50.0)]), n_best=20)
+    assert all(entry["start_logit"] < 50.0 for entry in nbest["q"])
+    # a span longer than max_answer_length is never chosen, even with the highest logits
+    best, nbest = squad.postprocess([ex], feats, *logits([(0, p0, p0 + 5, 20.0)]), n_best=20, max_answer_length=3)
+    assert best["q"] != text(0, p0, p0 + 5)
+    assert all(len(tokenizer.encode(e["text"], add_special_tokens=False).ids) <= 3 for e in nbest["q"])
+    best, _ = squad.postprocess([ex], feats, *logits([(0, p0, p0 + 5, 20.0)]), n_best=20, max_answer_length=6)
+    assert best["q"] == text(0, p0, p0 + 5)

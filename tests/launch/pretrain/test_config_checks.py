@@ -1,0 +1,110 @@
+"""Presets, the generated DeepSpeed JSON, the LR schedule, and refusals before launching."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from launch import cli
+from launch.config import PRESET_DIR, load_config
+from launch.pretrain.pretrain_config import PretrainConfig, validate
+from launch.pretrain.deepspeed_config import deepspeed_config
+from launch.pretrain.schedule import lr_multiplier, warmup_steps
+
+
+@pytest.mark.parametrize("preset", ["tiny", "bert-base", "bert-large-phase1", "bert-large-phase2"])
+def test_presets_load_strictly_and_generate_deepspeed_json(preset):
+    assert (PRESET_DIR / f"{preset}.yaml").is_file()
+    cfg = load_config(PretrainConfig, preset)
+    world = 8 if preset != "tiny" else 2
+    accum = validate(cfg, world_size=world, device_type="cuda")
+    ds = deepspeed_config(cfg, world_size=world, grad_accum=accum)
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * accum * world
+    assert ds["zero_optimization"]["stage"] == cfg.zero.stage
+    assert ds["bf16"]["enabled"] == (cfg.precision.dtype == "bf16")
+    assert "optimizer" not in ds and "scheduler" not in ds  # ours, built from the same YAML
+    json.dumps(ds)
+
+
+def test_phase2_is_seq512_ready_and_fresh():
+    p1, p2 = load_config(PretrainConfig, "bert-large-phase1"), load_config(PretrainConfig, "bert-large-phase2")
+    assert p1.model.preset == p2.model.preset == "large"
+    assert p2.model.activation_checkpointing and p2.schedule.total_steps < p1.schedule.total_steps
+    from model import BertConfig
+
+    # Seq 512 fits the model's positions (preflight would otherwise refuse the seq-512 corpus)...
+    assert BertConfig.preset(p2.model.preset, vocab_size=30522, **p2.model.fields).max_position_embeddings >= 512
+    # ...the same architecture as phase 1, so phase-1 weights load, with a warmup of its own.
+    assert p2.model.fields == p1.model.fields and p2.model.vocab_size == p1.model.vocab_size
+    assert p2.schedule.warmup_ratio > 0 and p2.optim.name == p1.optim.name == "lamb"
+    # Batch geometry divides on a typical node count (8 GPUs x micro batch).
+    assert validate(p2, world_size=8, device_type="cuda") * 8 * p2.data.micro_batch_size == p2.data.global_batch_size
+
+
+def test_fp16_generates_dynamic_loss_scaling():
+    cfg = load_config(PretrainConfig, "tiny", ["precision.dtype=fp16", "zero.stage=2", "zero.offload_optimizer=cpu"])
+    ds = deepspeed_config(cfg, world_size=2, grad_accum=2)
+    assert ds["fp16"] == {"enabled": True, "loss_scale": 0.0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                          "min_loss_scale": 1.0, "hysteresis": 2}
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("overrides, world, device, message", [
+    (["precision.dtype=fp16"], 1, "cpu", "fp16 is not supported on CPU"),
+    (["data.global_batch_size=30"], 2, "cpu", r"multiple of data.micro_batch_size x data-parallel size \(8 x 2 = 16\)"),
+    (["zero.offload_param=cpu"], 1, "cpu", "needs zero.stage=3"),
+    (["precision.dtype=bf16", "zero.stage=0"], 1, "cpu", "needs zero.stage>=1"),
+])
+def test_validate_refuses_with_the_fix(overrides, world, device, message):
+    with pytest.raises(ValueError, match=message):
+        validate(load_config(PretrainConfig, "tiny", overrides), world_size=world, device_type=device)
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    s = load_config(PretrainConfig, "tiny", ["schedule.total_steps=100", "schedule.warmup_steps=10"]).schedule
+    assert warmup_steps(s) == 10
+    values = [lr_multiplier(i, s) for i in range(100)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(values[9:], values[10:])) and values[-1] == pytest.approx(1 / 90)
+    poly = load_config(PretrainConfig, "tiny", ["schedule.total_steps=100", "schedule.warmup_steps=0",
+                                                "schedule.decay=poly", "schedule.power=0.5"]).schedule
+    assert lr_multiplier(50, poly) == pytest.approx(0.5**0.5)
+
+
+@pytest.mark.slow
+def test_cli_refuses_before_launching(small_corpus, tmp_path, capsys):
+    base = ["pretrain", "--config", "tiny", "--data", str(small_corpus), "--out", str(tmp_path / "run")]
+    cases = [
+        (["precision.dtype=fp16"], "fp16 is not supported on CPU"),
+        (["model.vocab_size=1000"], "smaller than the corpus vocabulary"),
+        (["model.fields={max_position_embeddings: 32}"], "seq_len 64 but the model has only 32 positions"),
+        (["--nproc", "3"], "multiple of data.micro_batch_size x data-parallel size"),
+        (["optim.lrr=1"], "unknown config key"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(base + extra)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+    with pytest.raises(SystemExit):
+        cli.main(["pretrain", "--config", "tiny", "--data", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert "no manifest.json" in capsys.readouterr().err
+    # A corpus whose vocab.txt was swapped: the shards' ids would mean other tokens.
+    swapped = tmp_path / "swapped"
+    shutil.copytree(small_corpus, swapped)
+    (swapped / "vocab.txt").write_text((swapped / "vocab.txt").read_text().replace("[unused0]", "[unused_x]"))
+    with pytest.raises(SystemExit):
+        cli.main(["pretrain", "--config", "tiny", "--data", str(swapped), "--out", str(tmp_path / "r")])
+    assert "not the vocabulary the shards were built with" in capsys.readouterr().err
+
+
+def test_mfu_peak_comes_from_the_gpu_name():
+    from launch.pretrain.training_log import spec_peak_tflops
+
+    assert spec_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert spec_peak_tflops("NVIDIA H100 PCIe") == 756.0  # not the SXM figure
+    assert spec_peak_tflops("NVIDIA L40S") == 362.0 and spec_peak_tflops("NVIDIA L4") == 121.0
+    assert spec_peak_tflops("cpu") is None

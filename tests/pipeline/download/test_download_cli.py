@@ -1,0 +1,188 @@
+"""`bertpipe download wikipedia|books` end to end against a local mirror in the real layouts."""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import json
+from pathlib import Path
+
+
+from launch import cli
+
+from repo_paths import DATA
+FAST = ["--retries", "3", "--backoff", "0.01", "--timeout", "10", "--no-progress"]
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        rc = cli.main(argv)
+    except SystemExit as exit_:
+        rc = exit_.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def corpus_inputs(directory: Path) -> list[str]:
+    """The files `bertpipe corpus --input DIR` reads, by the corpus stage's documented rule: recursive,
+    skipping hidden files, *.json, *.part, *.partial and *.sha1/*.md5 lists."""
+    skip = (".json", ".part", ".partial", ".sha1", ".md5")
+    return sorted(
+        str(p.relative_to(directory)) for p in directory.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+        and not p.name.endswith(skip)
+    )
+
+
+def test_wikipedia_latest_parts_download_verifies_and_records(mirror, dump_names, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "raw"
+    rc, stdout, err = _run(["download", "wikipedia", "--lang", "en", "--date", "latest", "--out", str(out),
+                            "--mirror", mirror.url, "--jobs", "2", *FAST], capsys)
+    assert rc == 0, err
+    assert f"enwiki {dump_names['date']}: 2 file(s)" in stdout
+    # `latest` skipped the newer, unfinished 20260120 dump.
+    assert mirror.requests_for("/enwiki/20260120/dumpstatus.json")
+    for name in dump_names["parts"]:
+        assert (out / name).read_bytes() == mirror.files[f"/enwiki/{dump_names['date']}/{name}"]
+    manifest = json.loads((out / "download.json").read_text())
+    assert manifest["format"] == "bertpipe-download" and manifest["format_version"] == 1
+    source = manifest["sources"][f"wikipedia/enwiki-{dump_names['date']}/parts"]
+    assert source["date"] == dump_names["date"] and source["job"] == "articlesdump" and source["layout"] == "parts"
+    assert source["checksum_list"].endswith(f"enwiki-{dump_names['date']}-sha1sums.txt")
+    for name in dump_names["parts"]:
+        entry, data = manifest["files"][name], mirror.files[f"/enwiki/{dump_names['date']}/{name}"]
+        assert entry["size"] == len(data) and entry["sha1"] == hashlib.sha1(data).hexdigest()
+        assert entry["url"] == f"{mirror.url}/enwiki/{dump_names['date']}/{name}"
+    # Every page of the real sample is in exactly one part.
+    pages = sum(bz2.decompress((out / n).read_bytes()).count(b"<page>") for n in dump_names["parts"])
+    assert pages == bz2.decompress((DATA / "wiki").glob("*.bz2").__next__().read_bytes()).count(b"<page>")
+    assert corpus_inputs(out) == sorted(dump_names["parts"])
+    # Rerun: nothing is fetched again.
+    before = len(mirror.log)
+    assert _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)[0] == 0
+    fetched_again = [r for r in mirror.log[before:] if r.path.endswith(".bz2")]
+    assert fetched_again == []
+
+
+def test_wikipedia_multistream_layout_skips_the_index(mirror, dump_names, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "raw"
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--layout", "multistream",
+                       "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert corpus_inputs(out) == [dump_names["multistream"]]
+    assert not any(r.path.endswith(dump_names["index"]) for r in mirror.log)
+
+
+def test_wikipedia_mirror_without_sha1_list_or_status_file(mirror, dump_names, tmp_path: Path, capsys) -> None:
+    base = f"/enwiki/{dump_names['date']}/"
+    del mirror.files[base + f"enwiki-{dump_names['date']}-sha1sums.txt"]
+    out = tmp_path / "md5"
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    manifest = json.loads((out / "download.json").read_text())
+    assert manifest["sources"][f"wikipedia/enwiki-{dump_names['date']}/parts"]["checksum_list"].endswith("md5sums.txt")
+    name = dump_names["parts"][0]
+    assert manifest["files"][name]["md5"] == hashlib.md5(mirror.files[base + name]).hexdigest()
+    # A mirror that carries the files and the md5 list but no dumpstatus.json still works.
+    del mirror.files[base + "dumpstatus.json"]
+    out = tmp_path / "nostatus"
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    # Only the numbered parts: the md5 list also names the recombined file with the same pages.
+    assert corpus_inputs(out) == sorted(dump_names["parts"])
+
+
+def test_a_second_layout_of_the_same_wiki_is_warned_about(mirror, dump_names, tmp_path: Path, caplog) -> None:
+    from pipeline.download.http import RetryPolicy
+    from pipeline.download.wikipedia import download_wikipedia
+
+    policy = RetryPolicy(max_retries=1, backoff_s=0.01, timeout_s=10)
+    download_wikipedia(tmp_path, date=dump_names["date"], mirror=mirror.url, layout="parts", policy=policy)
+    assert "read the same articles twice" not in caplog.text
+    download_wikipedia(tmp_path, date=dump_names["date"], mirror=mirror.url, layout="multistream", policy=policy)
+    assert "read the same articles twice" in caplog.text
+
+
+def test_wikipedia_cut_off_download_resumes_via_the_cli(mirror, dump_names, tmp_path: Path, capsys) -> None:
+    name = dump_names["parts"][1]
+    path = f"/enwiki/{dump_names['date']}/{name}"
+    mirror.cut_after[path] = 200_000
+    out = tmp_path / "raw"
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url,
+                       "--retries", "0", "--no-progress"], capsys)
+    assert rc == 2 and f"{name}.part (200000 bytes) is kept: rerun the same command to resume from byte 200000" in err
+    assert (out / dump_names["parts"][0]).exists() and not (out / name).exists()  # the other part finished
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert mirror.requests_for(path)[-1].range == "bytes=200000-"
+    assert (out / name).read_bytes() == mirror.files[path]
+
+
+def test_wikipedia_corrupted_part_is_refused(mirror, dump_names, tmp_path: Path, capsys) -> None:
+    name = dump_names["parts"][0]
+    mirror.corrupt_at[f"/enwiki/{dump_names['date']}/{name}"] = 4242
+    out = tmp_path / "raw"
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 2 and "sha1 checksum mismatch" in err and "Traceback" not in err
+    assert not (out / name).exists() and (out / f"{name}.part").exists()
+    assert name not in corpus_inputs(out)
+
+
+def test_wikipedia_date_not_on_the_mirror_says_what_to_do(mirror, tmp_path: Path, capsys) -> None:
+    rc, _, err = _run(["download", "wikipedia", "--date", "20990101", "--out", str(tmp_path), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert "no enwiki dump dated 20990101" in err and "--date latest" in err
+    rc, _, err = _run(["download", "wikipedia", "--date", "20260120", "--out", str(tmp_path), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 2 and "articlesdump: in-progress" in err and "earlier --date" in err
+    rc, _, err = _run(["download", "wikipedia", "--date", "2026-01-01", "--out", str(tmp_path), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 2 and "not YYYYMMDD" in err
+
+
+def test_wikipedia_not_enough_disk_is_refused_up_front(mirror, tmp_path: Path, capsys) -> None:
+    rc, _, err = _run(["download", "wikipedia", "--date", "20251201", "--out", str(tmp_path / "raw"), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 2 and "GiB free" in err and "--out directory on a larger disk" in err
+    assert not any(r.path.endswith(".bz2") for r in mirror.log)
+
+
+def test_books_from_the_mirror_catalogue_are_stripped_exactly(mirror, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "raw"
+    rc, stdout, err = _run(["download", "books", "--source", "gutenberg", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert "2 book(s) written" in stdout and "1 skipped" in stdout and "skipped #9999999" in stdout
+    assert (out / "gutenberg" / "105.txt").read_text(encoding="utf-8") == (DATA / "books" / "persuasion.txt").read_text(encoding="utf-8")
+    assert (out / "gutenberg" / "121.txt").read_text(encoding="utf-8") == (DATA / "books" / "northangerabbey.txt").read_text(encoding="utf-8")
+    # 121 exists only in the older files/<id>/<id>-0.txt layout; French and audio books were filtered out.
+    assert mirror.requests_for("/files/121/121-0.txt") and not mirror.requests_for("/cache/epub/17989/pg17989.txt")
+    manifest = json.loads((out / "download.json").read_text())
+    entry = manifest["files"]["gutenberg/105.txt"]
+    assert entry["raw_size"] == len(mirror.files["/cache/epub/105/pg105.txt"]) and entry["title"] == "Persuasion"
+    assert entry["sha256"] == hashlib.sha256((out / "gutenberg" / "105.txt").read_bytes()).hexdigest()
+    assert manifest["sources"]["gutenberg"]["skipped"][0]["id"] == 9999999
+    assert corpus_inputs(out) == ["gutenberg/105.txt", "gutenberg/121.txt"]
+    # Rerun: verified books are not fetched again.
+    before = len(mirror.log)
+    rc, stdout, _ = _run(["download", "books", "--ids", "105", "121", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0 and "2 already there" in stdout and len(mirror.log) == before
+
+
+def test_books_from_a_local_catalogue_resume_after_a_cut(mirror, tmp_path: Path, capsys) -> None:
+    catalog = tmp_path / "my_books.txt"
+    catalog.write_text("# my reading list\n105\n")
+    mirror.cut_after["/cache/epub/105/pg105.txt"] = 100_000
+    out = tmp_path / "raw"
+    rc, _, err = _run(["download", "books", "--catalog", str(catalog), "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert [r.range for r in mirror.requests_for("/cache/epub/105/pg105.txt")] == [None, "bytes=100000-"]
+    assert (out / "gutenberg" / "105.txt").read_text(encoding="utf-8") == (DATA / "books" / "persuasion.txt").read_text(encoding="utf-8")
+
+
+def test_bad_arguments_are_clear(tmp_path: Path, capsys) -> None:
+    rc, _, err = _run(["download", "books", "--catalog", str(tmp_path / "missing.csv"), "--out", str(tmp_path)], capsys)
+    assert rc == 2 and "does not exist" in err
+    rc, _, err = _run(["download", "wikipedia", "--lang", "English!", "--out", str(tmp_path)], capsys)
+    assert rc == 2 and "language code" in err
+    # An --out that cannot be created is a clear error, not a traceback.
+    (tmp_path / "afile").write_text("x")
+    rc, _, err = _run(["download", "books", "--ids", "105", "--out", str(tmp_path / "afile" / "raw"),
+                       "--mirror", "http://127.0.0.1:9", "--no-progress"], capsys)
+    assert rc == 2 and "writable directory" in err

@@ -1,0 +1,187 @@
+"""Bad input through the real CLI: the job finishes, skips are counted by reason and dead-lettered,
+no good document is lost; bad settings fail before any work with a message that says what to do."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+
+import pyarrow as pa
+import pytest
+
+from launch import cli
+from pipeline.inspect_corpus import read_shard
+from pipeline.manifest import read_manifest
+
+PROSE = ("The quick brown fox jumps over the lazy dog. It was a very sunny day in the valley. "
+         "Nobody in the village had seen anything like it before. ")
+
+
+def _page(i: int, text: str) -> str:
+    return f"<page><title>T{i}</title><ns>0</ns><id>{i}</id><revision><text>{text}</text></revision></page>\n"
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory, data_dir):
+    d = tmp_path_factory.mktemp("bad")
+    good_book = data_dir / "books" / "persuasion.txt"
+    (d / "good_book.txt").write_bytes(good_book.read_bytes()[:60_000])
+    # Truncated bz2 wiki dump: several 100 kB blocks, cut in the middle.
+    wiki = "<mediawiki>\n" + "".join(_page(i, f"{PROSE}Page {i}. " * 12) for i in range(1, 300)) + "</mediawiki>\n"
+    data = bz2.compress(wiki.encode(), compresslevel=1)
+    (d / "truncated.xml.bz2").write_bytes(data[: len(data) // 2])
+    # A good gzip member followed by garbage.
+    (d / "corrupt.txt.gz").write_bytes(gzip.compress((PROSE * 20).encode()) + b"\x1f\x8b\x08\x00not-gzip-at-all")
+    (d / "latin1.txt").write_bytes((PROSE * 10).encode() + b"caf\xe9 cr\xe8me br\xfbl\xe9e. " + (PROSE * 10).encode())
+    (d / "malformed.xml").write_text(
+        "<mediawiki>\n" + _page(1001, PROSE * 5) + _page(1002, PROSE + " & broken <b> markup")
+        + "<page><title>x</title><ns>0</ns><id>1003</id><revision><text>" + PROSE + "</page>\n"
+        + _page(1004, PROSE * 5) + "</mediawiki>\n", encoding="utf-8")
+    (d / "empty.jsonl").write_text(json.dumps({"id": "e", "text": "  "}) + "\n" + json.dumps({"id": "ok", "text": PROSE * 8}) + "\n")
+    with open(d / "huge_line.txt", "wb") as f:  # 50 MB single-line document
+        chunk = PROSE.encode() * 1000
+        for _ in range(50_000_000 // len(chunk) + 1):
+            f.write(chunk)
+    (d / "blob.bin").write_bytes(bytes(range(256)) * 4096)
+    (d / "download.json").write_text("{}")  # the downloader's state file: not corpus text
+    return d
+
+
+def test_bad_inputs_are_counted_and_good_documents_kept(bad_inputs, tmp_path, data_dir):
+    out = tmp_path / "c"
+    argv = ["corpus", "--input", str(bad_inputs), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+            "--out", str(out), "--seq-len", "64", "--dupe-factor", "1", "--heldout-fraction", "0"]
+    assert cli.main(argv) == 0
+    m = read_manifest(out)
+    c = m["counters"]
+    assert c["files_read"] == 8  # download.json ignored
+    assert c["skipped_corrupt_compression"] == 2
+    assert c["skipped_malformed_xml"] == 2
+    assert c["skipped_empty_document"] == 1
+    assert c["skipped_document_too_large"] == 1
+    assert c["skipped_binary_file"] == 1
+    assert c["documents_invalid_utf8_repaired"] == 1
+    dead = [json.loads(line) for p in sorted((out / "dead_letter").glob("*.jsonl")) for line in p.read_text().splitlines()]
+    assert {(d["record_id"].rsplit("/", 1)[-1], d["reason"]) for d in dead} >= {
+        ("malformed.xml#1002", "malformed_xml"), ("malformed.xml#1003", "malformed_xml"),
+        ("empty.jsonl:e", "empty_document"), ("huge_line.txt", "document_too_large"), ("blob.bin", "binary_file"),
+    }
+    assert sum(d["reason"] == "corrupt_compression" for d in dead) == 2
+    docs = set(pa.concat_tables([read_shard(out / s["path"]) for s in m["shards"]]).column("doc_id").to_pylist())
+    truncated = {d for d in docs if d.startswith("truncated.xml.bz2#")}
+    # Every good document made it: the book, the repaired file, the two good pages, the JSON one,
+    # and the wiki pages before the truncation point.
+    assert {"good_book.txt", "latin1.txt", "malformed.xml#1001", "malformed.xml#1004", "empty.jsonl:ok"} <= docs
+    assert len(truncated) > 50 and truncated == {f"truncated.xml.bz2#{i}" for i in range(1, len(truncated) + 1)}
+    assert c["documents_read"] == len(docs)
+
+
+def _fails(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as err:
+        cli.main(argv)
+    assert err.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_clear_errors_before_any_work(tmp_path, data_dir, capsys):
+    vocab = str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    book = str(data_dir / "books" / "persuasion.txt")
+    out = tmp_path / "never"
+    base = ["corpus", "--out", str(out)]
+    assert "vocab file" in _fails(base + ["--input", book, "--vocab", str(tmp_path / "missing.txt")], capsys)
+    assert "matches no file" in _fails(base + ["--input", str(tmp_path / "nope*.txt"), "--vocab", vocab], capsys)
+    assert "--seq-len 4 is out of range" in _fails(base + ["--input", book, "--vocab", vocab, "--seq-len", "4"], capsys)
+    assert "--seq-len 100000" in _fails(base + ["--input", book, "--vocab", vocab, "--seq-len", "100000"], capsys)
+    assert "exactly one of --vocab" in _fails(base + ["--input", book], capsys)
+    assert "give --input" in _fails(base + ["--vocab", vocab], capsys)
+    assert "--seq-lenn" in _fails(base + ["--input", book, "--vocab", vocab, "--seq-lenn", "64"], capsys)
+    assert not out.exists()  # nothing was started
+
+
+def test_bad_vocab_fails_before_the_previous_corpus_is_cleared(tmp_path, data_dir, capsys):
+    out = tmp_path / "corpus"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    (out / "train-00000-of-00001.arrow").write_bytes(b"previous shard")
+    no_mask = tmp_path / "no_mask.txt"
+    no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n", encoding="utf-8")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00vocab")
+    base = ["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--out", str(out)]
+    assert "[MASK]" in _fails(base + ["--vocab", str(no_mask)], capsys)
+    assert "not UTF-8" in _fails(base + ["--vocab", str(binary)], capsys)
+    assert "cannot be read" in _fails(base + ["--vocab", str(tmp_path)], capsys)  # a directory
+    vocab = str(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    assert "is a file" in _fails(base[:-1] + [str(no_mask), "--vocab", vocab], capsys)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train-00000-of-00001.arrow"]
+
+
+def test_out_inside_an_input_directory_is_not_read_back(tmp_path, data_dir):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "book.txt").write_bytes((data_dir / "books" / "persuasion.txt").read_bytes()[:20_000])
+    argv = ["corpus", "--input", str(raw), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+            "--out", str(raw / "corpus"), "--seq-len", "64", "--dupe-factor", "1", "--heldout-fraction", "0"]
+    assert cli.main(argv) == 0
+    first = read_manifest(raw / "corpus")
+    assert cli.main(argv) == 0  # the rerun sees the first run's vocab.txt, shards and dead letters
+    again = read_manifest(raw / "corpus")
+    assert again["inputs"] == [str(raw / "book.txt")] and again["counters"] == first["counters"]
+    assert [s["sha256"] for s in again["shards"]] == [s["sha256"] for s in first["shards"]]
+
+
+def test_trained_vocab_and_parquet(tmp_path, data_dir):
+    out = tmp_path / "trained"
+    text = tmp_path / "sample.txt"
+    text.write_bytes((data_dir / "books" / "northangerabbey.txt").read_bytes()[:150_000])
+    argv = ["corpus", "--input", str(text), "--train-vocab-size", "1500", "--out", str(out), "--seq-len", "64",
+            "--dupe-factor", "1", "--shard-format", "parquet", "--num-shards", "1", "--runner", "FnApiRunner"]
+    assert cli.main(argv) == 0
+    m = read_manifest(out)
+    vocab = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and 1000 < len(vocab) <= 1500
+    assert m["vocab_size"] == len(vocab) and m["counters"]["vocab_distinct_words"] > 500
+    (shard,) = m["shards"]
+    assert shard["path"] == "train-00000-of-00001.parquet"
+    table = read_shard(out / shard["path"])
+    ids = [i for row in table.column("input_ids").to_pylist() for i in row]
+    assert table.num_rows == m["num_instances"] > 50 and max(ids) < len(vocab)
+    # The trained vocab actually covers the text: few unknown pieces.
+    assert ids.count(1) < 0.01 * len(ids)
+
+
+def test_vocab_training_is_deterministic(data_dir):
+    """HF's trainer alone breaks merge ties in hash order; ours gives the same vocab every time."""
+    import collections
+    import re
+
+    from pipeline.vocab_training import train_wordpiece
+
+    words = re.findall(r"\w+|[^\w\s]", (data_dir / "books" / "persuasion.txt").read_text(encoding="utf-8").lower())
+    counts = [(w, n) for w, n in collections.Counter(words).items() if n >= 2]
+    first = train_wordpiece(counts, 2500, lowercase=True)
+    assert len(first) == 2500 and first[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    for _ in range(3):
+        assert train_wordpiece(list(reversed(counts)), 2500, lowercase=True) == first
+
+
+def test_beam_options_pass_through(capsys):
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, StandardOptions
+
+    from launch.cli import build_parser
+    from launch.cli.corpus import beam_args_of
+    from pipeline.corpus_job import pipeline_options
+
+    args = build_parser("corpus").parse_args(
+        ["--input", "x", "--vocab", "v", "--out", "o", "--runner=FlinkRunner", "--flink_master=localhost:8081",
+         "--environment_type=LOOPBACK", "--parallelism=4"]
+    )
+    opts = pipeline_options(beam_args_of(args))
+    assert opts.view_as(StandardOptions).runner == "FlinkRunner"
+    assert opts.view_as(FlinkRunnerOptions).flink_master == "localhost:8081"
+    # The local default is named explicitly (never Beam's Prism download), and N local workers are processes.
+    local = pipeline_options(["--direct_num_workers=2"]).get_all_options()
+    assert local["runner"] == "FnApiRunner" and local["direct_running_mode"] == "multi_processing"
+    assert "Beam options take the form" in _fails(["corpus", "--input", "x", "--vocab", "v", "--out", "o",
+                                                   "--flink_master", "h:1"], capsys)
