@@ -187,8 +187,6 @@ def _vocab_ids(vocab_text: str, source: str | None) -> tuple[MaskingVocab, int, 
 
 def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     """Build the corpus in `config.out`; raises `ValueError` for bad settings before any work."""
-    from launch.config import to_dict
-
     config.validate()
     start = time.time()
     files = _outside(expand_inputs(config.inputs), config.out)
@@ -252,7 +250,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     shard_infos = sorted(_read_jsonl(FileSystems.join(tmp, "shards*")), key=lambda s: (s["split"] != "train", s["path"]))
     with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
         f.write(vocab_text.encode("utf-8"))
-    cfg = to_dict(config)
+    cfg = dataclasses.asdict(config)
     cfg["lowercase"] = lowercase
     manifest = {
         "format": FORMAT,
