@@ -45,6 +45,8 @@ def setup_logging(level: int = logging.INFO) -> None:
     # Third-party loggers that are chatty at INFO on every rank.
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "apache_beam", "ray"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    # Beam announces at import that GCS support is not installed; a gs:// input says so itself.
+    logging.getLogger("apache_beam.io.filesystems").setLevel(max(level, logging.ERROR))
 
 
 def get_logger(name: str) -> logging.Logger:

@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from launch.errors import CliError
+from launch.log import setup_logging
 
 # name -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -33,6 +34,8 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(
         prog=f"bertpipe {command}",
+        # Commands with a config tree have dozens of flags; their docstring shows the usage instead.
+        usage=getattr(module, "USAGE", None),
         description=(module.__doc__ or help_text).strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -56,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"bertpipe: error: unknown command {command!r}\n\n{_top_level_help()}", file=sys.stderr)
         return 2
+    # Before the parser is built: building it imports the command's config (and, for corpus, Beam).
+    setup_logging()
     parser = build_parser(command)
     args = parser.parse_args(rest)
     module = importlib.import_module(COMMANDS[command][0])

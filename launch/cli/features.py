@@ -19,36 +19,31 @@ The resolved settings are written to OUT.features.yaml.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import time
 from pathlib import Path
 
 from launch.errors import CliError
-from launch.config import load_config, save_config
+from launch.config import save_config
+from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
 from launch.log import setup_logging
 
 logger = logging.getLogger(__name__)
 
 
+USAGE = "bertpipe features --checkpoint CKPT --input TEXTS --out OUT [--config FILE.yaml] [--KEY VALUE ...]"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from launch.finetune.finetune_config import FeaturesConfig
+
     parser.add_argument("--checkpoint", required=True, type=Path, help="HF model directory or bertpipe run directory")
     parser.add_argument("--input", required=True, type=Path, help=".txt (one text per line) or .jsonl (one object per line)")
     parser.add_argument("--out", required=True, type=Path,
                         help="output path without extension: OUT.npy (pooled) or OUT.parquet (--pool none)")
-    parser.add_argument("--layers", help="embeddings|last|second-to-last|last4-concat|last4-sum|all-sum|N[,M...] "
-                        "(default last; write negative numbers as --layers=-2,-1)")
-    parser.add_argument("--pool", choices=("none", "cls", "mean"), help="cls/mean: one vector per text; none: per token (default mean)")
-    parser.add_argument("--first-subtoken", action="store_true", default=None,
-                        help="with --pool none: keep only the first word piece of each word (drops [CLS]/[SEP])")
-    parser.add_argument("--batch-size", type=int, help="texts per forward pass (default 32)")
-    parser.add_argument("--max-seq-len", type=int, help="truncate texts to this many word pieces (default 512)")
-    parser.add_argument("--text-field", help="JSONL key holding the text (default text)")
-    parser.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), help="compute dtype (default fp32)")
-    parser.add_argument("--config", help="YAML file of FeaturesConfig fields (flags override it)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set batch_size=64 (repeatable)")
+                        help=argparse.SUPPRESS)  # deprecated form of --KEY VALUE
+    add_config_flags(parser, FeaturesConfig)
 
 
 def _resolve_checkpoint(path: Path) -> Path:
@@ -67,18 +62,11 @@ def _resolve_checkpoint(path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging()
-    from launch.finetune.feature_extraction import FeatureExtractor, FeaturesConfig, read_texts, write_pooled, write_tokens
+    from launch.finetune.feature_extraction import FeatureExtractor, read_texts, write_pooled, write_tokens
+    from launch.finetune.finetune_config import FeaturesConfig
 
-    flags = {
-        "layers": args.layers, "pool": args.pool, "first_subtoken": args.first_subtoken,
-        "batch_size": args.batch_size, "max_seq_len": args.max_seq_len, "text_field": args.text_field,
-        "device": args.device, "dtype": args.dtype,
-    }
-    try:
-        cfg = load_config(FeaturesConfig, args.config, args.overrides)
-        cfg = dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})  # flags win
-    except ValueError as err:
-        raise CliError(str(err)) from None
+    warn_deprecated("features", args.overrides)
+    cfg = config_from_args(args, FeaturesConfig, legacy=args.overrides)
     if cfg.batch_size < 1 or cfg.max_seq_len < 2:
         raise CliError("--batch-size must be >= 1 and --max-seq-len >= 2")
     if cfg.first_subtoken and cfg.pool != "none":

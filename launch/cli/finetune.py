@@ -21,70 +21,28 @@ from pathlib import Path
 from typing import Any
 
 from launch.errors import CliError
-from launch.config import from_dict, load_yaml, merge, parse_overrides, resolve_preset
+from launch.config_flags import add_config_flags, config_from_args as config_from_args_of, warn_deprecated
 from launch.finetune.finetune_config import FinetuneConfig
 
-# flag -> (config field, type, help). Defaults come from FinetuneConfig (or the --config file).
-_FLAGS: list[tuple[str, str, Any, str]] = [
-    ("--lr", "lr", float, "peak learning rate (paper grid: 5e-5, 3e-5, 2e-5; default 2e-5)"),
-    ("--batch-size", "batch_size", int, "training batch size (paper grid: 16, 32; default 32)"),
-    ("--eval-batch-size", "eval_batch_size", int, "evaluation batch size (default 64)"),
-    ("--epochs", "epochs", int, "training epochs (paper grid: 2, 3, 4; default 3)"),
-    ("--warmup", "warmup", float, "fraction of steps with linear warm-up (default 0.1)"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay, not on biases/LayerNorm (default 0.01)"),
-    ("--seed", "seed", int, "random seed of head init and data order (default 42)"),
-    ("--max-seq-len", "max_seq_len", int, "maximum tokens per input (default 128)"),
-    ("--max-train-samples", "max_train_samples", int, "train on a fixed random subset of N examples"),
-    ("--max-eval-samples", "max_eval_samples", int, "evaluate on a fixed random subset of N examples"),
-    ("--vocab", "vocab", str, "vocabulary you expect the checkpoint to use; refused if it is not the checkpoint's"),
-    ("--text-column", "text_column", str, "classify/regress/tag: column with the text (default 'text')"),
-    ("--text-pair-column", "text_pair_column", str, "classify/regress: column with the second text of a pair"),
-    ("--label-column", "label_column", str, "classify/regress/tag: column with the label (default 'label')"),
-    ("--doc-stride", "doc_stride", int, "squad: tokens between the starts of context windows (default 128)"),
-    ("--max-query-length", "max_query_length", int, "squad: question tokens kept (default 64)"),
-    ("--n-best", "n_best", int, "squad: start/end candidates considered (default 20)"),
-    ("--max-answer-length", "max_answer_length", int, "squad: longest answer in tokens (default 30)"),
-    ("--device", "device", str, "auto | cpu | cuda (default auto)"),
-    ("--precision", "precision", str, "auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16"),
-    ("--threads", "threads", int, "torch CPU threads (default: OMP_NUM_THREADS)"),
-]
-_SWITCHES: list[tuple[str, str, bool, str]] = [
-    ("--doc-context", "doc_context", True, "conll2003/tag: fill windows with the document's neighbouring sentences"),
-    ("--freeze", "freeze", True, "train only the head on frozen BERT features (feature-based, fast)"),
-    ("--skip-malformed", "skip_malformed", True, "count and skip malformed lines instead of stopping at the first"),
-    ("--no-group-by-length", "group_by_length", False, "plain random batches instead of length-grouped ones"),
-    ("--no-save-model", "save_model", False, "do not write the fine-tuned model to OUT/model"),
-    ("--no-progress", "progress", False, "no progress bar"),
-]
+USAGE = "bertpipe finetune --task TASK --data-dir DIR --checkpoint CKPT --out OUT [--config FILE.yaml] [--KEY VALUE ...]"
 
 
-def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
+def add_finetune_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
     """The flags shared by `finetune` and `sweep` (a sweep applies them to every trial)."""
-    parser.add_argument("--data-dir", required=True, help="GLUE-download-like dir (DIR/SST-2/train.tsv) or the task's own files")
-    parser.add_argument("--checkpoint", required=True, help="a bertpipe pre-training RUN dir or a Hugging Face BERT dir")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--config", help="YAML file of FinetuneConfig fields (flags override it)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any FinetuneConfig field, e.g. --set warmup=0.06 (repeatable)")
-    for flag, dest, typ, help_text in _FLAGS:
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=help_text)
-    for flag, dest, value, help_text in _SWITCHES:
-        parser.add_argument(flag, dest=dest, action="store_const", const=value, default=None, help=help_text)
+                        help=argparse.SUPPRESS)  # deprecated form of --KEY VALUE
+    add_config_flags(parser, FinetuneConfig, skip=skip)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", required=True, help="task name: sst2, mnli, squad, conll2003, swag, classify, regress, tag, ...")
     add_finetune_arguments(parser)
 
 
-def config_from_args(args: argparse.Namespace, **fixed: Any) -> FinetuneConfig:
-    """Defaults <- --config YAML <- flags given <- --set overrides, strictly typed."""
+def config_from_args(args: argparse.Namespace, command: str = "finetune", **fixed: Any) -> FinetuneConfig:
+    """Defaults <- --config YAML <- deprecated --set overrides <- flags, strictly typed and validated."""
+    warn_deprecated(command, args.overrides)
+    cfg = config_from_args_of(args, FinetuneConfig, legacy=args.overrides, fixed=fixed)
     try:
-        data: dict[str, Any] = load_yaml(resolve_preset(args.config)) if args.config else {}
-        given = {dest: getattr(args, dest) for _, dest, *_ in _FLAGS + _SWITCHES if getattr(args, dest) is not None}
-        given.update(data_dir=str(Path(args.data_dir)), checkpoint=str(Path(args.checkpoint)), out=str(Path(args.out)), **fixed)
-        data = merge(merge(data, given), parse_overrides(args.overrides))
-        cfg = from_dict(FinetuneConfig, data)
         cfg.validate()
     except ValueError as err:
         raise CliError(str(err)) from None
@@ -95,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from launch.log import setup_logging
 
     setup_logging()
-    cfg = config_from_args(args, task=args.task)
+    cfg = config_from_args(args)
     from launch.finetune.runner import finetune
 
     try:

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     parser.add_argument("--ray-temp-dir", default=None, help="temp dir of the local Ray (default: a fresh private one)")
     parser.add_argument("--save-models", action="store_true", help="keep every trial's fine-tuned model")
-    add_finetune_arguments(parser)
+    add_finetune_arguments(parser, skip=("task",))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise CliError("--tasks is empty; name at least one task, e.g. --tasks sst2")
-    cfg = config_from_args(args, task=tasks[0])
+    cfg = config_from_args(args, "sweep", task=tasks[0])
     overrides = {k: v for k, v in to_dict(cfg).items() if k not in ("task", "data_dir", "checkpoint", "out")}
     overrides["save_model"] = args.save_models
     overrides["progress"] = False

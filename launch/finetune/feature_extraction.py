@@ -19,26 +19,12 @@ from typing import Iterator, Literal
 import numpy as np
 import torch
 
+from launch.finetune.finetune_config import FeaturesConfig, Pool
 from model import BertModel, load_pretrained
 
 logger = logging.getLogger(__name__)
 
-Pool = Literal["none", "cls", "mean"]
 NAMED_LAYERS = ("embeddings", "last", "second-to-last", "last4-concat", "last4-sum", "all-sum")
-
-
-@dataclass
-class FeaturesConfig:
-    """`bertpipe features` settings (CLI flags map onto these fields)."""
-
-    layers: str = "last"  # one of NAMED_LAYERS or "N[,M...]"
-    pool: Pool = "mean"  # none: per-token vectors to Parquet; cls / mean: one vector per text to .npy
-    batch_size: int = 32
-    max_seq_len: int = 512  # texts longer than this (in word pieces, with [CLS]/[SEP]) are truncated
-    first_subtoken: bool = False  # pool=none: keep only the first word piece of each word, no [CLS]/[SEP]
-    text_field: str = "text"  # the JSONL key holding the text
-    device: str = "auto"  # auto = cuda if available, else cpu
-    dtype: Literal["fp32", "bf16"] = "fp32"
 
 
 @dataclass

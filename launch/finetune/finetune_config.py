@@ -1,4 +1,5 @@
-"""`FinetuneConfig`: every knob of one fine-tuning run (CLI flags, YAML and sweep trials all map here)."""
+"""The fine-tuning configs, torch-free so `--help` is fast: `FinetuneConfig` (one fine-tuning run; CLI
+flags, YAML and sweep trials all map here) and `FeaturesConfig` (`bertpipe features`)."""
 
 from __future__ import annotations
 
@@ -34,38 +35,38 @@ class FinetuneConfig:
       progress: show a progress bar.
     """
 
-    task: str = ""
-    data_dir: str = ""
-    checkpoint: str = ""
-    out: str = ""
-    vocab: str | None = None
-    lr: float = 2e-5
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    epochs: int = 3
-    warmup: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    seed: int = 42
-    max_seq_len: int = 128
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    skip_malformed: bool = False
-    group_by_length: bool = True
-    text_column: str = "text"
-    text_pair_column: str | None = None
-    label_column: str = "label"
-    doc_stride: int = 128
-    max_query_length: int = 64
-    n_best: int = 20
-    max_answer_length: int = 30
-    doc_context: bool = False
-    freeze: bool = False
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    threads: int | None = None
-    save_model: bool = True
-    progress: bool = True
+    task: str = ""  # sst2, mnli, qqp, qnli, cola, stsb, mrpc, rte, wnli, squad, conll2003, swag, classify, regress, tag
+    data_dir: str = ""  # GLUE-download-like dir (DIR/SST-2/train.tsv) or one holding the task's own files
+    checkpoint: str = ""  # a bertpipe pre-training RUN dir or a Hugging Face BERT dir
+    out: str = ""  # output directory (metrics.json, predictions, the fine-tuned model)
+    vocab: str | None = None  # vocabulary you expect the checkpoint to use; refused unless it is the checkpoint's own
+    lr: float = 2e-5  # peak learning rate (paper grid: 5e-5, 3e-5, 2e-5)
+    batch_size: int = 32  # training batch size (paper grid: 16, 32)
+    eval_batch_size: int = 64  # evaluation batch size
+    epochs: int = 3  # training epochs (paper grid: 2, 3, 4)
+    warmup: float = 0.1  # fraction of steps with linear warm-up, then linear decay
+    weight_decay: float = 0.01  # AdamW weight decay, not on biases and LayerNorm
+    max_grad_norm: float = 1.0  # gradient clipping (0 = off)
+    seed: int = 42  # random seed of the head's init and the data order
+    max_seq_len: int = 128  # maximum tokens per input
+    max_train_samples: int | None = None  # train on a fixed random subset of N examples (the same for every seed)
+    max_eval_samples: int | None = None  # evaluate on a fixed random subset of N examples
+    skip_malformed: bool = False  # count and skip malformed lines instead of stopping at the first
+    group_by_length: bool = True  # batch examples of similar length together (less padding, faster)
+    text_column: str = "text"  # classify/regress/tag: column with the text
+    text_pair_column: str | None = None  # classify/regress: column with the second text of a pair
+    label_column: str = "label"  # classify/regress/tag: column with the label
+    doc_stride: int = 128  # squad: tokens between the starts of context windows
+    max_query_length: int = 64  # squad: question tokens kept
+    n_best: int = 20  # squad: start/end candidates considered
+    max_answer_length: int = 30  # squad: longest answer in tokens
+    doc_context: bool = False  # conll2003/tag: fill windows with the document's neighbouring sentences
+    freeze: bool = False  # train only the task head on frozen BERT features (feature-based, fast)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = cuda if available, else cpu
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
+    threads: int | None = None  # torch CPU threads (null: as OMP_NUM_THREADS sets)
+    save_model: bool = True  # write the fine-tuned model (HF format) to OUT/model
+    progress: bool = True  # show a progress bar
 
     def validate(self) -> None:
         """Refuse settings that cannot train, naming the flag to change."""
@@ -89,3 +90,20 @@ class FinetuneConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+
+Pool = Literal["none", "cls", "mean"]
+
+
+@dataclass
+class FeaturesConfig:
+    """`bertpipe features` settings (CLI flags map onto these fields)."""
+
+    layers: str = "last"  # embeddings|last|second-to-last|last4-concat|last4-sum|all-sum|N[,M...] (negative: --layers=-2,-1)
+    pool: Pool = "mean"  # none: per-token vectors to Parquet; cls / mean: one vector per text to .npy
+    batch_size: int = 32  # texts per forward pass
+    max_seq_len: int = 512  # texts longer than this (in word pieces, with [CLS]/[SEP]) are truncated
+    first_subtoken: bool = False  # pool=none: keep only the first word piece of each word, no [CLS]/[SEP]
+    text_field: str = "text"  # the JSONL key holding the text
+    device: str = "auto"  # auto = cuda if available, else cpu
+    dtype: Literal["fp32", "bf16"] = "fp32"  # compute dtype

@@ -1,5 +1,8 @@
 """Worker entry point: `deepspeed [--hostfile H] --module launch.pretrain ...`, `torchrun ... -m
 launch.pretrain ...`, or started by `bertpipe pretrain --nproc N`. Same flags as `bertpipe pretrain`.
+
+The flags (`add_arguments`) and how they become a `PretrainConfig` (`load_run_config`) live here, in
+the library, so that the worker does not depend on the CLI layer; `launch.cli.pretrain` reuses them.
 """
 
 from __future__ import annotations
@@ -7,14 +10,52 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
+from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
 from launch.log import setup_logging
+from launch.pretrain.pretrain_config import PretrainConfig
 
 log = logging.getLogger(__name__)
 
+# Shortcuts kept from the first releases: the same flags as --schedule.total-steps / --checkpoint.save-every.
+ALIASES = {"schedule.total_steps": ["--max-steps"], "checkpoint.save_every": ["--save-every"]}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=argparse.SUPPRESS)  # deprecated form
+    parser.add_argument("--data", type=Path, required=True, help="corpus directory written by `bertpipe corpus`")
+    parser.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, metrics, configs)")
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="local processes to start (default: the number of GPUs, or 1 on CPU); "
+                             "ignored under deepspeed/torchrun, which set the world themselves")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in --out (a fresh start if there is none)")
+    add_config_flags(parser, PretrainConfig, aliases=ALIASES,
+                     config_help="preset name (tiny, bert-base, bert-large-phase1, bert-large-phase2) or YAML file "
+                     "(default with --resume: RUN/config.yaml); flags given here win")
+
+
+def load_run_config(args: argparse.Namespace) -> PretrainConfig:
+    """Defaults <- --config preset/YAML (or the run's saved config on --resume) <- flags."""
+    config = args.config
+    if config is None:
+        saved = args.out / "config.yaml"
+        if not (args.resume and saved.is_file()):
+            raise ValueError("pass --config PRESET_OR_YAML (presets: tiny, bert-base, bert-large-phase1, bert-large-phase2)")
+        config = saved
+    warn_deprecated("pretrain", args.overrides)
+    return config_from_args(args, PretrainConfig, legacy=args.overrides, preset=True, config_file=config)
+
+
+def build_trainer(args: argparse.Namespace):
+    from launch.pretrain.trainer import Trainer
+
+    return Trainer(load_run_config(args), data_dir=args.data, run_dir=args.out, resume=args.resume)
+
 
 def main(argv: list[str] | None = None) -> int:
-    from launch.cli.pretrain import add_arguments, build_trainer
+    from launch.errors import CliError
     from launch.pretrain.trainer import NonFiniteLossError
 
     parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
@@ -27,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = build_trainer(args)
         trainer.setup()
         return trainer.train()
-    except ValueError as err:  # a user error: the message says what to change
+    except (ValueError, CliError) as err:  # a user error: the message says what to change
         log.error("%s", err)
         return 2
     except NonFiniteLossError as err:

@@ -10,6 +10,7 @@ import numpy as np
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from pipeline.instance_batch import InstanceBatch
 from pipeline.instances import Instance, InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
@@ -18,7 +19,7 @@ from pipeline.shards import WriteShards, shard_name
 from pipeline.inspect_corpus import read_shard
 from pipeline.sources import DEAD_LETTER, ReadDocuments
 from pipeline.tokenize import TokenizeDocuments, TokenizedDocument, build_tokenizer
-from pipeline.vocab_training import CountWords
+from pipeline.vocab_training import CountWords, read_count_files
 
 PROSE = "The quick brown fox jumps over the lazy dog. It was a very sunny day in the valley."
 
@@ -66,7 +67,7 @@ def test_tokenize_documents(data_dir):
 def _synthetic_docs(n_docs: int) -> list[TokenizedDocument]:
     rng = np.random.default_rng(0)
     return [
-        TokenizedDocument(f"doc{i:03d}", [rng.integers(1000, 2000, size=rng.integers(5, 20)).astype(np.int32) for _ in range(12)])
+        TokenizedDocument.from_sentences(f"doc{i:03d}", [rng.integers(1000, 2000, size=rng.integers(5, 20)).astype(np.int32) for _ in range(12)])
         for i in range(n_docs)
     ]
 
@@ -79,10 +80,12 @@ def test_create_instances_splits_buckets_and_dupes(data_dir):
 
     def check(elements):
         by_doc: dict[str, set] = {}
-        for split_name, key, inst in elements:
-            assert isinstance(inst, Instance) and inst.input_ids.size <= 32
-            assert key[1] == inst.doc_id and key[2] in (0, 1)
-            by_doc.setdefault(inst.doc_id, set()).add((split_name, key[2]))
+        for split_name, batch in elements:
+            for row in range(len(batch)):
+                inst = batch.instance(row)
+                assert isinstance(inst, Instance) and inst.input_ids.size <= 32
+                assert batch.doc_ids[row] == inst.doc_id and batch.dupes[row] in (0, 1)
+                by_doc.setdefault(inst.doc_id, set()).add((split_name, int(batch.dupes[row])))
         assert set(by_doc) == {d.doc_id for d in docs}  # no document lost
         heldout = {d for d, v in by_doc.items() if ("heldout", 0) in v}
         assert 1 <= len(heldout) <= 12 and all({s for s, _ in by_doc[d]} == {"heldout"} for d in heldout)
@@ -98,9 +101,16 @@ def _instance(doc: str, n: int) -> Instance:
                     np.array([7], dtype=np.int32), n % 2)
 
 
+def _batch(keys, instances) -> InstanceBatch:
+    return InstanceBatch.from_instances(keys, instances)
+
+
 def test_write_shards_balanced_sorted_and_complete(tmp_path):
-    elements = [("train", (int(k), f"d{k % 7}", 0, int(k)), _instance(f"d{k % 7}", 3 + k % 5)) for k in range(200)]
-    elements.append(("heldout", (5, "h", 0, 0), _instance("h", 4)))
+    # Three batches, in no key order: each spreads over every shard, and shards sort their rows.
+    ks = [list(range(k, 200, 3)) for k in (2, 0, 1)]
+    elements = [("train", _batch([(k, f"d{k % 7}", 0, k) for k in part], [_instance(f"d{k % 7}", 3 + k % 5) for k in part]))
+                for part in ks]
+    elements.append(("heldout", _batch([(5, "h", 0, 0)], [_instance("h", 4)])))
 
     def check(infos):
         infos = sorted(infos, key=lambda s: s["path"])
@@ -120,7 +130,7 @@ def test_write_shards_balanced_sorted_and_complete(tmp_path):
 
 
 def test_write_shards_makes_empty_shards(tmp_path):
-    elements = [("train", (0, "d", 0, 0), _instance("d", 3))]
+    elements = [("train", _batch([(0, "d", 0, 0)], [_instance("d", 3)]))]
     with pipeline() as p:
         infos = p | beam.Create(elements) | WriteShards(str(tmp_path), "parquet", num_shards=3)
         assert_that(infos | beam.Map(lambda s: (s["path"], s["num_instances"])), equal_to(
@@ -128,12 +138,15 @@ def test_write_shards_makes_empty_shards(tmp_path):
     assert read_shard(tmp_path / "train-00002-of-00003.parquet").num_rows == 0
 
 
-def test_count_words():
+def test_count_words(tmp_path):
     docs = [RawDocument("a", ["The cat sat. The cat ran!"]), RawDocument("b", ["the CAT, once."])]
     with pipeline() as p:
         counts = p | beam.Create(docs) | CountWords(lowercase=True, min_frequency=2)
         assert_that(counts, equal_to([("the", 3), ("cat", 3), (".", 2)]))
-    assert json.dumps(["the", 3])  # the job writes counts as JSON pairs
+        # The job writes the counts as JSON pairs, one per line; read_count_files must read them back.
+        _ = counts | beam.Map(json.dumps) | beam.io.WriteToText(str(tmp_path / "word_counts"), file_name_suffix=".jsonl")
+    written = sorted(str(f) for f in tmp_path.glob("word_counts*.jsonl"))
+    assert sorted(read_count_files(written)) == sorted([("the", 3), ("cat", 3), (".", 2)])
 
 
 def test_duplicate_doc_ids_do_not_make_output_depend_on_arrival_order(data_dir):
@@ -143,13 +156,16 @@ def test_duplicate_doc_ids_do_not_make_output_depend_on_arrival_order(data_dir):
 
     vocab = MaskingVocab.from_vocab_file(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
     a, b, c = _synthetic_docs(3)
-    twin = TokenizedDocument(a.doc_id, b.sentences)  # same id as `a`, other text
+    twin = TokenizedDocument(a.doc_id, b.ids, b.ends)  # same id as `a`, other text
     fn = _BucketInstancesFn(SplitSettings(seed=3, heldout_fraction=0.0, docs_per_bucket=8, dupe_factor=2),
                             InstanceSettings(seq_len=32, short_seq_prob=0.0), vocab)
+    fn.setup()
 
     def run(docs):
-        out = sorted(fn.process((("train", 0), docs)), key=lambda e: e[1])
-        return [(key, inst.doc_id, inst.input_ids.tolist(), inst.masked_lm_positions.tolist()) for _, key, inst in out]
+        batch = InstanceBatch.concat([b for _, b in fn.process((("train", 0), docs))]).sorted_by_key()
+        keys = list(zip(batch.order.tolist(), batch.doc_ids, batch.dupes.tolist(), batch.indexes.tolist()))
+        rows = [batch.instance(r) for r in range(len(batch))]
+        return [(key, inst.doc_id, inst.input_ids.tolist(), inst.masked_lm_positions.tolist()) for key, inst in zip(keys, rows)]
 
     first = run([a, twin, c])
     assert first == run([twin, c, a]) == run([c, a, twin])

@@ -1,0 +1,224 @@
+"""One way to configure every command: `--config FILE.yaml` plus `--KEY VALUE` for any config field.
+
+The flags are generated from the command's config dataclass, so a default is stated once (the
+dataclass field) and `--help` shows it from there. A nested section's field is `--section.field`
+(`--optim.lr 1e-4`, `--zero.stage 2`); underscores are written as dashes (`--seq-len 512`). Values
+are read as YAML scalars (`null`, `1e-4`, `true`) and then typed strictly by `launch.config.from_dict`,
+so a wrong type names its flag. Booleans come in pairs (`--whole-word-mask` / `--no-whole-word-mask`),
+lists take several values (`--input a b`), mappings take `KEY=VALUE` items (`--model.fields
+hidden_dropout_prob=0`).
+
+Layering, lowest first: dataclass defaults, `--config` (a YAML file, or a preset for `pretrain`),
+the deprecated override forms (`key=value` arguments, `--set key=value`, still accepted with a
+warning), then the flags given on the command line.
+
+We wrote this (~150 lines) instead of adopting tyro, jsonargparse or OmegaConf: those bring their
+own help layout and error wording, and none keeps our strict "valid keys here: ..." messages, YAML
+presets and deprecated forms without as much glue as this file; see docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import logging
+import re
+import textwrap
+import types
+import typing
+from typing import Any, Iterator, Sequence
+
+import yaml
+
+from launch.config import from_dict, load_yaml, merge, parse_overrides, resolve_preset
+from launch.errors import CliError
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "cfg:"  # argparse dest prefix of generated flags: cfg:section.field
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Help text of each field of a dataclass: its trailing `# comment`, else its docstring entry.
+
+    Docstring entries are lines `name: text` (also `a / b: text` or `a, b: text` for several fields),
+    continued by more-indented lines.
+    """
+    docs: dict[str, str] = {}
+    lines = (inspect.getdoc(cls) or "").splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^\s*([a-z_][a-z0-9_]*(?:\s*(?:/|,)\s*[a-z_][a-z0-9_]*)*)\s*:\s+(.*)$", lines[i])
+        if m:
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            text = [m.group(2).strip()]
+            while i + 1 < len(lines) and lines[i + 1].strip() and len(lines[i + 1]) - len(lines[i + 1].lstrip()) > indent:
+                i += 1
+                text.append(lines[i].strip())
+            for name in re.split(r"\s*[/,]\s*", m.group(1)):
+                docs.setdefault(name, " ".join(text))
+        i += 1
+    source = textwrap.dedent(inspect.getsource(cls))
+    source_lines = source.splitlines()
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            comment = source_lines[node.end_lineno - 1].partition("#")[2].strip()
+            if comment and "noqa" not in comment:
+                docs[node.target.id] = comment
+    return docs
+
+
+def _leaves(cls: type, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dataclasses.Field, Any, str]]:
+    """(path, field, annotation, help) for every non-dataclass field of a dataclass tree."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        annotation = hints[f.name]
+        if dataclasses.is_dataclass(annotation):
+            yield from _leaves(annotation, prefix + (f.name,))
+        else:
+            yield prefix + (f.name,), f, annotation, docs.get(f.name, "")
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _yaml_value(text: str) -> Any:
+    return yaml.safe_load(text) if text.strip() else ""
+
+
+def _text_or_null(text: str) -> str | None:
+    return None if text in ("null", "None", "~") else text
+
+
+def _mapping_item(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not of the form KEY=VALUE")
+    key, value = text.split("=", 1)
+    return key.strip(), _yaml_value(value)
+
+
+def _flag_of(path: tuple[str, ...]) -> str:
+    return "--" + ".".join(part.replace("_", "-") for part in path)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: dict[str, str] | None = None,
+                     aliases: dict[str, Sequence[str]] | None = None, skip: Sequence[str] = (),
+                     config_help: str | None = None) -> None:
+    """Add `--config` and one flag per field of dataclass `cls` (see the module docstring).
+
+    flag_names: dotted field -> flag, where a command keeps a name users know (`inputs` -> `--input`).
+    aliases: dotted field -> more spellings of its flag (`schedule.total_steps` -> `--max-steps`).
+    skip: dotted fields that get no flag (the command sets them itself).
+    """
+    flag_names, aliases = flag_names or {}, aliases or {}
+    parser.add_argument("--config", metavar="FILE.yaml", default=None,
+                        help=config_help or f"a YAML file of {cls.__name__} fields; flags given here win")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for path, f, annotation, help_text in _leaves(cls):
+        dotted = ".".join(path)
+        if dotted in skip:
+            continue
+        target = parser
+        if len(path) > 1:
+            section = ".".join(path[:-1])
+            if section not in groups:
+                groups[section] = parser.add_argument_group(f"{section} (--{section}.KEY VALUE)")
+            target = groups[section]
+        default = _default_of(f)
+        shown = "null" if default is None else (json_like(default))
+        kwargs: dict[str, Any] = dict(dest=_PREFIX + dotted, default=argparse.SUPPRESS,
+                                      help=f"{help_text} (default: {shown})".strip().replace("%", "%%"))
+        base = _without_none(annotation)
+        base_origin = typing.get_origin(base)
+        optional = base is not annotation
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif base_origin is typing.Literal:
+            kwargs["choices"] = [str(a) for a in typing.get_args(base)]
+            kwargs["type"] = str
+        elif base_origin in (list, tuple) or base in (list, tuple):
+            kwargs.update(nargs="+", type=_yaml_value, metavar="VALUE")
+        elif base_origin is dict or base is dict:
+            kwargs.update(nargs="+", type=_mapping_item, metavar="KEY=VALUE")
+        else:
+            # Text stays text (`--text-field yes` is "yes", not true); numbers are read as YAML.
+            convert = (_text_or_null if optional else str) if base is str else _yaml_value
+            kwargs.update(type=convert, metavar={int: "N", float: "X"}.get(base, "VALUE"))
+        target.add_argument(flag_names.get(dotted, _flag_of(path)), *aliases.get(dotted, ()), **kwargs)
+
+
+def _without_none(annotation: Any) -> Any:
+    """`int | None` -> `int` (a flag takes `null` for None); other annotations unchanged."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return annotation
+
+
+def json_like(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(json_like(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {json_like(v)}" for k, v in value.items()) + "}"
+    return str(value) if value != "" else "''"
+
+
+def given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields given as flags, as a nested dict (dotted dests unfolded)."""
+    tree: dict[str, Any] = {}
+    for dest, value in vars(args).items():
+        if not dest.startswith(_PREFIX):
+            continue
+        parts = dest[len(_PREFIX):].split(".")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        # Mapping flags arrive as a list of (key, value) pairs.
+        is_pairs = isinstance(value, list) and value and all(isinstance(v, tuple) for v in value)
+        node[parts[-1]] = dict(value) if is_pairs else value
+    return tree
+
+
+def warn_deprecated(command: str, forms: Sequence[str]) -> None:
+    """The old override forms still work, with one line saying what to write instead."""
+    if forms:
+        shown = " ".join(forms[:3]) + (" ..." if len(forms) > 3 else "")
+        log.warning("bertpipe %s: %s: the `key=value` / `--set key=value` override forms are deprecated; "
+                    "write `--key value` (for example --optim.lr 1e-4, --seq-len 512)", command, shown)
+
+
+def config_from_args(args: argparse.Namespace, cls: type, *, legacy: Sequence[str] = (), preset: bool = False,
+                     fixed: dict[str, Any] | None = None, config_file: Any = None) -> Any:
+    """Defaults <- --config (or `config_file`) <- deprecated `key=value` overrides <- flags <- `fixed`.
+
+    `preset=True` lets --config name a preset in launch/configs/ (pre-training). Errors become a
+    CliError naming the key and the valid keys.
+    """
+    try:
+        source = config_file if config_file is not None else args.config
+        data: dict[str, Any] = {}
+        if source is not None:
+            data = load_yaml(resolve_preset(source) if preset else source)
+        data = merge(data, parse_overrides(legacy))
+        data = merge(data, given_flags(args))
+        data = merge(data, fixed or {})
+        return from_dict(cls, data)
+    except (OSError, ValueError) as err:
+        raise CliError(_flagged(str(err))) from None
+
+
+def _flagged(message: str) -> str:
+    """Name config keys the way the command line spells them (`seq_len` -> `--seq-len`)."""
+    return re.sub(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)(?=: )",
+                  lambda m: _flag_of(tuple(m.group(1).split("."))), message, count=1)

@@ -1,0 +1,141 @@
+"""One override syntax for every command: `--config FILE.yaml` plus `--KEY VALUE` generated from the
+config dataclass, defaults shown in --help from the dataclass, old forms accepted with a warning."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import pytest
+
+from launch import cli
+from launch.config_flags import add_config_flags, config_from_args, field_docs, given_flags
+from launch.errors import CliError
+
+
+@dataclass
+class Inner:
+    """rate: how fast
+      it goes (two lines).
+    mode: a or b.
+    """
+
+    rate: float = 0.5
+    mode: Literal["a", "b"] = "a"
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Outer:
+    name: str = "x"  # the name
+    count: Optional[int] = None  # how many; null = all
+    fast: bool = False  # go fast
+    items: list = field(default_factory=list)
+    inner: Inner = field(default_factory=Inner)
+
+
+def _parse(argv, **kwargs):
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, Outer, **kwargs)
+    return parser, parser.parse_args(argv)
+
+
+def test_field_docs_from_comments_and_docstring():
+    assert field_docs(Outer)["count"] == "how many; null = all"
+    assert field_docs(Inner)["rate"] == "how fast it goes (two lines)."
+
+
+def test_flags_cover_every_field_with_types_and_defaults():
+    parser, args = _parse(["--name", "yes", "--count", "3", "--fast", "--items", "1", "two",
+                           "--inner.rate", "1e-4", "--inner.mode", "b", "--inner.extra", "k=0", "j=x"])
+    cfg = config_from_args(args, Outer)
+    # Text stays text ("yes" is not YAML's true); numbers typed strictly; 1e-4 without a dot is a float.
+    assert cfg == Outer(name="yes", count=3, fast=True, items=[1, "two"],
+                        inner=Inner(rate=1e-4, mode="b", extra={"k": 0, "j": "x"}))
+    text = parser.format_help()
+    assert "--inner.rate X" in text and "how fast it goes (two lines). (default: 0.5)" in text
+    assert "--fast, --no-fast" in text and "(default: false)" in text
+    assert "--count N" in text and "(default: null)" in text
+
+
+def test_layering_file_then_old_forms_then_flags(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: from-file\ncount: 1\ninner: {rate: 2.0}\n")
+    _, args = _parse(["--config", str(path), "--count", "null"])
+    cfg = config_from_args(args, Outer, legacy=["inner.rate=3.0", "name=legacy"])
+    assert (cfg.name, cfg.count, cfg.inner.rate) == ("legacy", None, 3.0)
+    _, args = _parse(["--config", str(path), "--name", "flag"])
+    assert config_from_args(args, Outer, legacy=["name=legacy"]).name == "flag"
+    assert given_flags(args) == {"name": "flag"}  # only what was typed
+
+
+def test_wrong_type_and_unknown_key_name_the_flag(tmp_path):
+    _, args = _parse(["--count", "many"])
+    with pytest.raises(CliError, match=r"--count: expected an integer, got 'many'"):
+        config_from_args(args, Outer)
+    _, args = _parse([])
+    with pytest.raises(CliError, match=r"unknown config key\(s\) inner.speed; valid keys here: inner.rate, inner.mode"):
+        config_from_args(args, Outer, legacy=["inner.speed=1"])
+    parser, _ = _parse([])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--inner.mode", "c"])  # choices come from the Literal
+
+
+# Every command that has a config tree, and one field of each with its dataclass default.
+COMMANDS_WITH_CONFIG = {
+    "corpus": ("--seq-len N", "(default: 128)"),
+    "pretrain": ("--optim.lr X", "(default: 0.001)"),
+    "finetune": ("--lr X", "(default: 2e-05)"),
+    "sweep": ("--lr X", "(default: 2e-05)"),
+    "features": ("--layers VALUE", "(default: last)"),
+}
+
+
+def _help_text(parser: argparse.ArgumentParser) -> str:
+    """A parser's help and that of its sub-commands (`download wikipedia|books`)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return parser.format_help() + "".join(p.format_help() for a in subs for p in a.choices.values())
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_help_shows_one_syntax_and_defaults(command):
+    text = _help_text(cli.build_parser(command))
+    assert "--set" not in text and "KEY=VALUE ..." not in text.split("options:")[0].replace("[--KEY VALUE ...]", "")
+    if command in COMMANDS_WITH_CONFIG:
+        flag, default = COMMANDS_WITH_CONFIG[command]
+        assert flag in text and default in text and "--config FILE.yaml" in text
+    else:
+        assert "default" in text  # plain flags state their defaults in their help
+
+
+def test_old_override_forms_still_work_with_a_warning(caplog):
+    from launch.cli.finetune import config_from_args as finetune_config
+    from launch.pretrain.worker import add_arguments, load_run_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--config", "tiny", "--data", "c", "--out", "r", "optim.lr=0.5", "--max-steps", "7"])
+    with caplog.at_level(logging.WARNING):
+        cfg = load_run_config(args)
+    assert cfg.optim.lr == 0.5 and cfg.schedule.total_steps == 7
+    assert "deprecated; write `--key value`" in caplog.text
+
+    parser = cli.build_parser("finetune")
+    args = parser.parse_args(["--task", "sst2", "--data-dir", "d", "--checkpoint", "c", "--out", "o",
+                              "--set", "warmup=0.06", "--lr", "1e-4", "--no-group-by-length"])
+    cfg = finetune_config(args)
+    assert (cfg.warmup, cfg.lr, cfg.group_by_length) == (0.06, 1e-4, False)
+
+
+def test_pretrain_new_syntax_matches_old(tmp_path):
+    from launch.pretrain.worker import add_arguments, load_run_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    new = load_run_config(parser.parse_args(["--config", "tiny", "--data", "c", "--out", "r", "--zero.stage", "2",
+                                             "--data.micro-batch-size", "4", "--model.fields", "unpad=true"]))
+    old = load_run_config(parser.parse_args(["--config", "tiny", "--data", "c", "--out", "r", "zero.stage=2",
+                                             "data.micro_batch_size=4", "model.fields={unpad: true}"]))
+    assert new == old and new.zero.stage == 2 and new.model.fields["unpad"] is True
