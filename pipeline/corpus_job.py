@@ -30,6 +30,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
+from pipeline.progress import ProgressReporter, local_progress_dir
 from pipeline.shards import WriteShards
 from pipeline.sources import DEAD_LETTER, ReadDocuments, expand_inputs
 from pipeline.tokenize import TokenizeDocuments, read_vocab_tokens, vocab_is_cased
@@ -66,6 +67,7 @@ class CorpusConfig:
     input_format: str = "auto"  # auto | wiki-xml | text | lines | jsonl
     shard_format: str = "arrow"  # arrow | parquet
     max_document_bytes: int = 16_000_000  # larger documents are skipped (counted, dead-lettered)
+    progress_seconds: float = 10.0  # log a progress line this often while the job runs (0: never)
 
     def validate(self) -> None:
         """Raise `ValueError` (what to change) before any work starts."""
@@ -89,6 +91,7 @@ class CorpusConfig:
             (self.docs_per_bucket >= 2, "--docs-per-bucket must be at least 2"),
             (self.shard_format in ("arrow", "parquet"), "--shard-format must be arrow or parquet"),
             (self.max_document_bytes >= 1024, "--max-document-bytes must be at least 1024"),
+            (self.progress_seconds >= 0, "--progress-seconds must be 0 (off) or more"),
             (bool(self.inputs), "give at least one --input"),
             (bool(self.out), "give --out DIR"),
             (not os.path.isfile(self.out), f"--out {self.out} is a file; pass a directory"),
@@ -226,12 +229,13 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     stage = "stage 2/2" if config.vocab is None else "corpus"
     log.info("%s: %d input files -> %s (runner %s)", stage, len(files), out, options.view_as(beam.options.pipeline_options.StandardOptions).runner)
 
-    with beam.Pipeline(options=options) as p:
+    progress_dir = local_progress_dir(tmp) if config.progress_seconds > 0 else None
+    with ProgressReporter(progress_dir, config.progress_seconds), beam.Pipeline(options=options) as p:
         read = p | "Files" >> beam.Create(files) | "Read" >> ReadDocuments(config.input_format, config.max_document_bytes)
-        tokenized = read.documents | "Tokenize" >> TokenizeDocuments(vocab_text, lowercase)
+        tokenized = read.documents | "Tokenize" >> TokenizeDocuments(vocab_text, lowercase, progress_dir)
         shards = (
             tokenized.documents
-            | "Instances" >> CreateInstances(split_settings, settings, masking_vocab)
+            | "Instances" >> CreateInstances(split_settings, settings, masking_vocab, progress_dir)
             | "Shards" >> WriteShards(out, config.shard_format, config.num_shards, config.instances_per_shard)
         )
         shards | "ShardInfo" >> beam.Map(json.dumps) | "WriteShardInfo" >> beam.io.WriteToText(

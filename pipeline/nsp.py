@@ -17,14 +17,18 @@ from typing import Iterable
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from pipeline.instance_batch import InstanceBatch
 from pipeline.instances import InstanceSettings, create_instances_from_document
 from pipeline.masking import MaskingVocab, derive_seed, rng_for
+from pipeline.progress import ProgressWriter
 from pipeline.tokenize import TokenizedDocument
 
 TRAIN, HELDOUT = "train", "heldout"
 _U64 = float(2**64)
 # Below this many documents a guaranteed heldout document would take too much of the training text.
 MIN_DOCS_FOR_FORCED_HELDOUT = 10
+# Instances per `InstanceBatch` leaving a bucket (~5 MB at seq 512): bounds one element's memory.
+BATCH_INSTANCES = 4096
 
 
 @dataclass(frozen=True)
@@ -91,17 +95,34 @@ class _KeyByBucket(beam.DoFn):
 
 
 class _BucketInstancesFn(beam.DoFn):
-    """All dupes of all instances of one bucket; emits (split, order key, Instance)."""
+    """All dupes of all instances of one bucket; emits `(split, InstanceBatch)`s."""
 
-    def __init__(self, split_settings: SplitSettings, settings: InstanceSettings, vocab: MaskingVocab):
+    def __init__(self, split_settings: SplitSettings, settings: InstanceSettings, vocab: MaskingVocab,
+                 progress_dir: str | None = None):
         self.split_settings = split_settings
         self.settings = settings
         self.vocab = vocab
+        self.progress_dir = progress_dir
         self.instances = Metrics.counter("corpus", "instances")
         self.random_next = Metrics.counter("corpus", "instances_random_next")
         self.masked = Metrics.counter("corpus", "masked_tokens")
         self.tokens = Metrics.counter("corpus", "instance_tokens")
         self.lonely = Metrics.counter("corpus", "buckets_with_one_document")
+
+    def setup(self) -> None:
+        self.progress = ProgressWriter(self.progress_dir, "instances")
+
+    def finish_bundle(self) -> None:
+        self.progress.flush()
+
+    def _batch(self, split: str, keys: list, made: list) -> tuple[str, InstanceBatch]:
+        batch = InstanceBatch.from_instances(keys, made)
+        self.progress.add(instances=len(batch))
+        self.instances.inc(len(batch))
+        self.random_next.inc(int(batch.next_sentence_labels.sum()))
+        self.masked.inc(int(batch.masked_lm_positions.size))
+        self.tokens.inc(batch.num_tokens)
+        return split, batch
 
     def process(self, keyed) -> Iterable:
         (split, _), docs = keyed
@@ -112,17 +133,19 @@ class _BucketInstancesFn(beam.DoFn):
         doc_ids = _unique_ids(docs)
         sentences = [d.sentences for d in docs]
         seed = self.split_settings.seed
+        keys, made = [], []
         for index, doc_id in enumerate(doc_ids):
             for dupe in range(self.split_settings.dupe_factor):
                 rng = rng_for(seed, doc_id, dupe)
-                made = create_instances_from_document(index, sentences, doc_ids, self.settings, self.vocab, rng)
-                for k, inst in enumerate(made):
-                    self.instances.inc()
-                    self.random_next.inc(inst.next_sentence_label)
-                    self.masked.inc(int(inst.masked_lm_positions.size))
-                    self.tokens.inc(int(inst.input_ids.size))
-                    order = derive_seed(seed, "order", doc_id, dupe, k)
-                    yield split, (order, doc_id, dupe, k), inst
+                instances = create_instances_from_document(index, sentences, doc_ids, self.settings, self.vocab, rng)
+                keys += [(derive_seed(seed, "order", doc_id, dupe, k), doc_id, dupe, k) for k in range(len(instances))]
+                made += instances
+                # Batches of a bounded size: what they hold, not where they are cut, decides the shards.
+                if len(made) >= BATCH_INSTANCES:
+                    yield self._batch(split, keys, made)
+                    keys, made = [], []
+        if made:
+            yield self._batch(split, keys, made)
 
 
 def _content_digest(doc: TokenizedDocument) -> bytes:
@@ -155,13 +178,15 @@ def _unique_ids(docs: list[TokenizedDocument]) -> list[str]:
 
 
 class CreateInstances(beam.PTransform):
-    """`TokenizedDocument`s -> `(split, sort_key, Instance)` with `dupe_factor` masks per document."""
+    """`TokenizedDocument`s -> `(split, InstanceBatch)` with `dupe_factor` masks per document."""
 
-    def __init__(self, split_settings: SplitSettings, settings: InstanceSettings, vocab: MaskingVocab):
+    def __init__(self, split_settings: SplitSettings, settings: InstanceSettings, vocab: MaskingVocab,
+                 progress_dir: str | None = None):
         super().__init__()
         self.split_settings = split_settings
         self.settings = settings
         self.vocab = vocab
+        self.progress_dir = progress_dir
 
     def expand(self, docs):
         stats = (
@@ -173,5 +198,5 @@ class CreateInstances(beam.PTransform):
             docs
             | "KeyByBucket" >> beam.ParDo(_KeyByBucket(self.split_settings), stats=beam.pvalue.AsSingleton(stats))
             | "GroupBuckets" >> beam.GroupByKey()
-            | "MakeInstances" >> beam.ParDo(_BucketInstancesFn(self.split_settings, self.settings, self.vocab))
+            | "MakeInstances" >> beam.ParDo(_BucketInstancesFn(self.split_settings, self.settings, self.vocab, self.progress_dir))
         )

@@ -1,6 +1,7 @@
 """`WriteShards`: the Beam sink that turns instances into balanced, shuffled Arrow (or Parquet) shards.
 
-Each instance carries a 64-bit key hashed from (seed, doc id, dupe, index). The key picks the shard
+Instances arrive in packed `InstanceBatch`es; each instance carries a 64-bit key hashed from (seed,
+doc id, dupe, index). The key picks the shard
 (`key mod num_shards`, balanced in expectation) and orders rows inside it (a deterministic shuffle),
 so a shard's bytes depend only on its rows: 1 or N workers, any bundling, give identical files.
 A shard is written by the worker that holds its group, through `FileSystems` (remote outputs work);
@@ -13,7 +14,7 @@ import hashlib
 import io
 import logging
 import math
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import apache_beam as beam
 import numpy as np
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from pipeline.instances import Instance
+from pipeline.instance_batch import InstanceBatch
 from pipeline.nsp import HELDOUT, TRAIN
 
 log = logging.getLogger(__name__)
@@ -46,35 +47,33 @@ def shard_name(split: str, index: int, count: int, shard_format: str) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.{SUFFIX[shard_format]}"
 
 
-def _list_array(arrays: Sequence[np.ndarray], dtype) -> pa.ListArray:
-    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+def _list_array(values: np.ndarray, lengths: np.ndarray) -> pa.ListArray:
+    offsets = np.zeros(lengths.size + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    values = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
-def instances_to_table(instances: Sequence[Instance]) -> pa.Table:
+def batch_to_table(batch: InstanceBatch) -> pa.Table:
     columns = [
-        _list_array([i.input_ids for i in instances], np.int32),
-        _list_array([i.token_type_ids for i in instances], np.int8),
-        _list_array([i.masked_lm_positions for i in instances], np.int32),
-        _list_array([i.masked_lm_ids for i in instances], np.int32),
-        pa.array(np.array([i.next_sentence_label for i in instances], dtype=np.int8)),
-        pa.array(np.array([i.input_ids.size for i in instances], dtype=np.int32)),
-        pa.array([i.doc_id for i in instances], type=pa.string()),
+        _list_array(batch.input_ids, batch.lengths),
+        _list_array(batch.token_type_ids, batch.lengths),
+        _list_array(batch.masked_lm_positions, batch.num_masked),
+        _list_array(batch.masked_lm_ids, batch.num_masked),
+        pa.array(batch.next_sentence_labels),
+        pa.array(batch.lengths),
+        pa.array(batch.doc_ids, type=pa.string()),
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
-def encode_shard(instances: Sequence[Instance], shard_format: str) -> bytes:
+def encode_shard(batch: InstanceBatch, shard_format: str) -> bytes:
     """A shard's bytes: a pure function of its ordered rows (fixed batch size, no timestamps)."""
-    table = instances_to_table(instances)
+    table = batch_to_table(batch)
     buf = io.BytesIO()
     if shard_format == "arrow":
         with pa.ipc.new_file(buf, SCHEMA) as writer:
-            for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-                writer.write_batch(batch)
+            for record_batch in table.to_batches(max_chunksize=BATCH_ROWS):
+                writer.write_batch(record_batch)
     else:
         pq.write_table(table, buf, row_group_size=BATCH_ROWS * 16, compression="zstd")
     return buf.getvalue()
@@ -99,9 +98,12 @@ class _AssignShard(beam.DoFn):
         self.instances_per_shard = instances_per_shard
 
     def process(self, element, counts) -> Iterable:
-        split, key, inst = element
+        split, batch = element
         n = shard_counts(counts, self.num_shards, self.instances_per_shard)[split]
-        yield (split, key[0] % n), (key, inst)
+        shard_of = batch.order % np.uint64(n)
+        # One sub-batch per shard this batch touches; rows keep their keys, the writer sorts them.
+        for index in np.unique(shard_of).tolist():
+            yield (split, index), batch.take(np.flatnonzero(shard_of == index))
 
 
 def _all_shard_keys(_, counts, num_shards: int, instances_per_shard: int) -> Iterable:
@@ -121,10 +123,10 @@ class _WriteShardFn(beam.DoFn):
 
     def process(self, keyed, counts) -> Iterable:
         (split, index), values = keyed
-        rows = sorted((v for v in values if v is not None), key=lambda kv: kv[0])
+        rows = InstanceBatch.concat([v for v in values if v is not None]).sorted_by_key()
         count = shard_counts(counts, self.num_shards, self.instances_per_shard)[split]
         name = shard_name(split, index, count, self.shard_format)
-        data = encode_shard([inst for _, inst in rows], self.shard_format)
+        data = encode_shard(rows, self.shard_format)
         # Retries rewrite the same bytes to the same name, so a plain create is idempotent.
         with FileSystems.create(FileSystems.join(self.out_dir, name)) as f:
             f.write(data)
@@ -134,7 +136,7 @@ class _WriteShardFn(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """`(split, sort_key, Instance)` -> shard files under `out_dir`; outputs one info dict per shard."""
+    """`(split, InstanceBatch)` -> shard files under `out_dir`; outputs one info dict per shard."""
 
     def __init__(self, out_dir: str, shard_format: str = "arrow", num_shards: int = 0, instances_per_shard: int = 100_000):
         super().__init__()
@@ -145,7 +147,7 @@ class WriteShards(beam.PTransform):
     def expand(self, instances):
         out_dir, shard_format, num_shards, per_shard = self.args
         counts = beam.pvalue.AsDict(
-            instances | "SplitOf" >> beam.Map(lambda e: (e[0], 1)) | "CountPerSplit" >> beam.CombinePerKey(sum)
+            instances | "SplitOf" >> beam.Map(lambda e: (e[0], len(e[1]))) | "CountPerSplit" >> beam.CombinePerKey(sum)
         )
         keyed = instances | "AssignShard" >> beam.ParDo(_AssignShard(num_shards, per_shard), counts=counts)
         every_shard = (

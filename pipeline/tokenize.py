@@ -6,32 +6,54 @@ need no access to the driver's files; the tokenizer itself is built once per wor
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import apache_beam as beam
 import blingfire
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
+from pipeline.progress import ProgressWriter
 from pipeline.readers import RawDocument, Skip
 from pipeline.sources import DEAD_LETTER
 
 log = logging.getLogger(__name__)
-PROGRESS_EVERY = 1000
+# Sentences per `encode_batch` call: large enough that per-call overhead vanishes and the Rust side
+# can spread one call over threads; small enough (~1 MB of text) to bound a worker's memory.
+BATCH_SENTENCES = 8192
 
 
 @dataclass(frozen=True)
 class TokenizedDocument:
-    """A document as WordPiece ids, one int32 array per sentence (empty sentences dropped)."""
+    """A document as WordPiece ids: every sentence's ids in one int32 array, cut at `ends`.
+
+    One flat array rather than an array per sentence: a runner encodes a document as two buffers,
+    not thousands of small ones (that per-array cost was a large share of the job). Empty sentences
+    are dropped. Legend: T = tokens, S = sentences.
+    """
 
     doc_id: str
-    sentences: list[np.ndarray]
+    ids: np.ndarray  # [T] int32
+    ends: np.ndarray  # [S] int64, where each sentence ends in `ids`
+
+    @classmethod
+    def from_sentences(cls, doc_id: str, sentences: Sequence[np.ndarray]) -> TokenizedDocument:
+        kept = [np.asarray(s, dtype=np.int32) for s in sentences if len(s)]
+        ids = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int32)
+        return cls(doc_id, ids, np.cumsum([s.size for s in kept], dtype=np.int64))
+
+    @property
+    def sentences(self) -> list[np.ndarray]:
+        """One view into `ids` per sentence."""
+        return np.split(self.ids, self.ends[:-1]) if self.ends.size else []
 
     @property
     def num_tokens(self) -> int:
-        return int(sum(s.size for s in self.sentences))
+        return int(self.ids.size)
 
 
 def read_vocab_tokens(vocab_text: str) -> list[str]:
@@ -72,49 +94,84 @@ def split_sentences(document: RawDocument) -> list[str]:
 
 
 class _TokenizeFn(beam.DoFn):
-    def __init__(self, vocab_text: str, lowercase: bool):
+    """Sentence-splits documents and feeds their sentences to `encode_batch` in large batches.
+
+    Documents are held until about `BATCH_SENTENCES` sentences are waiting (or the bundle ends), so
+    a stream of short documents (JSONL lines, stub articles) still makes few large tokenizer calls.
+    Each document's ids depend only on its own sentences, so where a batch is cut changes nothing.
+    """
+
+    def __init__(self, vocab_text: str, lowercase: bool, progress_dir: str | None = None):
         self.vocab_text = vocab_text
         self.lowercase = lowercase
+        self.progress_dir = progress_dir
         self.tokenizer = None
         self.sentence_count = Metrics.counter("corpus", "sentences")
         self.token_count = Metrics.counter("corpus", "tokens")
 
     def setup(self) -> None:
         self.tokenizer = build_tokenizer(self.vocab_text, self.lowercase)
-        self.seen_docs = self.seen_tokens = 0
+        self.progress = ProgressWriter(self.progress_dir, "tokenize")
 
-    def _progress(self, n_tokens: int) -> None:
-        # Progress of a long local run; per worker, since counters are only summed at the end.
-        self.seen_docs += 1
-        self.seen_tokens += n_tokens
-        if self.seen_docs % PROGRESS_EVERY == 0:
-            log.info("tokenized %d documents, %d tokens (this worker)", self.seen_docs, self.seen_tokens)
+    def start_bundle(self) -> None:
+        self.pending: list[tuple[str, list[str]]] = []
+        self.pending_sentences = 0
 
     def process(self, document: RawDocument) -> Iterable:
         sentences = split_sentences(document)
-        encodings = self.tokenizer.encode_batch(sentences, add_special_tokens=False) if sentences else []
-        ids = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
-        ids = [s for s in ids if s.size]
-        if not ids:
-            Metrics.counter("corpus", "skipped_empty_document").inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, Skip("", document.doc_id, "empty_document", "no tokens"))
-            return
-        doc = TokenizedDocument(document.doc_id, ids)
-        self.sentence_count.inc(len(ids))
-        self.token_count.inc(doc.num_tokens)
-        self._progress(doc.num_tokens)
-        yield doc
+        self.pending.append((document.doc_id, sentences))
+        self.pending_sentences += len(sentences)
+        if self.pending_sentences >= BATCH_SENTENCES:
+            yield from self._flush()
+
+    def finish_bundle(self) -> Iterable:
+        for out in self._flush():
+            if isinstance(out, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(out.tag, GlobalWindows.windowed_value(out.value))
+            else:
+                yield GlobalWindows.windowed_value(out)
+        self.progress.flush()
+
+    def teardown(self) -> None:
+        if self.tokenizer is not None:
+            self.progress.flush()
+
+    def _flush(self) -> Iterable:
+        pending, self.pending, self.pending_sentences = self.pending, [], 0
+        flat = [s for _, sentences in pending for s in sentences]
+        id_lists = [e.ids for e in self.tokenizer.encode_batch(flat, add_special_tokens=False)] if flat else []
+        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+        ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum()))
+        ends = np.cumsum(lengths)
+        first = 0
+        for doc_id, sentences in pending:
+            last = first + len(sentences)
+            doc_lengths = lengths[first:last]
+            start = int(ends[first - 1]) if first else 0
+            doc_ids = ids[start : int(ends[last - 1])] if last > first else ids[:0]
+            first = last
+            if not doc_ids.size:
+                Metrics.counter("corpus", "skipped_empty_document").inc()
+                yield beam.pvalue.TaggedOutput(DEAD_LETTER, Skip("", doc_id, "empty_document", "no tokens"))
+                continue
+            kept = doc_lengths[doc_lengths > 0]  # sentences with no WordPiece (only control characters)
+            self.sentence_count.inc(int(kept.size))
+            self.token_count.inc(int(doc_ids.size))
+            self.progress.add(documents=1, sentences=int(kept.size), tokens=int(doc_ids.size))
+            # A copy, so the document does not keep the whole batch's id array alive.
+            yield TokenizedDocument(doc_id, doc_ids.copy(), np.cumsum(kept))
 
 
 class TokenizeDocuments(beam.PTransform):
     """`RawDocument`s -> `TokenizedDocument`s (main) and empty documents (tagged `dead_letter`)."""
 
-    def __init__(self, vocab_text: str, lowercase: bool):
+    def __init__(self, vocab_text: str, lowercase: bool, progress_dir: str | None = None):
         super().__init__()
         self.vocab_text = vocab_text
         self.lowercase = lowercase
+        self.progress_dir = progress_dir
 
     def expand(self, documents):
         return documents | "SentencesAndWordPiece" >> beam.ParDo(
-            _TokenizeFn(self.vocab_text, self.lowercase)
+            _TokenizeFn(self.vocab_text, self.lowercase, self.progress_dir)
         ).with_outputs(DEAD_LETTER, main="documents")

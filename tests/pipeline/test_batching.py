@@ -1,0 +1,104 @@
+"""Batching is a speed choice, never an output choice: packed instances, batched tokenizer calls and
+batch sizes must give exactly what one-at-a-time processing gives."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+
+import pipeline.nsp as nsp
+import pipeline.tokenize as tokenize
+from pipeline.instance_batch import InstanceBatch
+from pipeline.instances import InstanceSettings, create_instances_from_document
+from pipeline.masking import MaskingVocab
+from pipeline.nsp import CreateInstances, SplitSettings
+from pipeline.readers import RawDocument
+from pipeline.shards import WriteShards, batch_to_table
+from pipeline.sources import DEAD_LETTER
+from pipeline.tokenize import TokenizedDocument
+from repo_paths import BOOKS, VOCAB
+
+
+def _docs(n: int, seed: int = 0) -> list[TokenizedDocument]:
+    rng = np.random.default_rng(seed)
+    return [TokenizedDocument.from_sentences(f"d{i}", [rng.integers(1000, 5000, rng.integers(3, 30)).astype(np.int32)
+                                                       for _ in range(rng.integers(2, 15))]) for i in range(n)]
+
+
+def _instances():
+    vocab = MaskingVocab.from_vocab_file(VOCAB)
+    docs = _docs(6)
+    sentences = [d.sentences for d in docs]
+    ids = [d.doc_id for d in docs]
+    keys, made = [], []
+    for i in range(len(docs)):
+        out = create_instances_from_document(i, sentences, ids, InstanceSettings(seq_len=48), vocab, np.random.default_rng(i))
+        keys += [(int(x), ids[i], 0, k) for k, x in enumerate(np.random.default_rng(99 + i).integers(0, 2**63, len(out)))]
+        made += out
+    return keys, made
+
+
+def test_instance_batch_holds_exactly_the_instances():
+    keys, made = _instances()
+    batch = InstanceBatch.from_instances(keys, made)
+    assert len(batch) == len(made) > 20
+    rows = batch_to_table(batch).to_pylist()
+    for row, inst in zip(rows, made):
+        assert row["input_ids"] == inst.input_ids.tolist() and row["token_type_ids"] == inst.token_type_ids.tolist()
+        assert row["masked_lm_positions"] == inst.masked_lm_positions.tolist()
+        assert row["masked_lm_ids"] == inst.masked_lm_ids.tolist()
+        assert (row["next_sentence_label"], row["length"], row["doc_id"]) == (
+            inst.next_sentence_label, inst.input_ids.size, inst.doc_id)
+    # take, concat and sort move whole rows: the sorted batch is the instances in key order.
+    perm = np.random.default_rng(1).permutation(len(made))
+    shuffled = InstanceBatch.concat([batch.take(perm[:10]), batch.take(perm[10:])])
+    ordered = shuffled.sorted_by_key()
+    expect = [made[i] for i in sorted(range(len(made)), key=keys.__getitem__)]
+    for row, inst in enumerate(expect):
+        got = ordered.instance(row)
+        assert got.doc_id == inst.doc_id and got.next_sentence_label == inst.next_sentence_label
+        for name in ("input_ids", "token_type_ids", "masked_lm_positions", "masked_lm_ids"):
+            assert np.array_equal(getattr(got, name), getattr(inst, name)), name
+
+
+def _tokenize_all(docs, monkeypatch, batch_sentences: int):
+    monkeypatch.setattr(tokenize, "BATCH_SENTENCES", batch_sentences)
+    fn = tokenize._TokenizeFn(VOCAB.read_text(encoding="utf-8"), lowercase=True)
+    fn.setup()
+    fn.start_bundle()
+    out = [o for d in docs for o in fn.process(d)] + list(fn.finish_bundle())
+    values = [getattr(o, "value", o) for o in out]  # unwrap the bundle end's windowed values
+    good = [(d.doc_id, d.ids.tolist(), d.ends.tolist()) for d in values if isinstance(d, TokenizedDocument)]
+    dead = [(o.tag, getattr(o.value, "value", o.value).record_id) for o in out if isinstance(o, beam.pvalue.TaggedOutput)]
+    return good, dead
+
+
+def test_tokenizer_batches_do_not_change_documents(monkeypatch):
+    text = BOOKS[0].read_text(encoding="utf-8")[:60_000].split("\n\n")
+    docs = [RawDocument(f"b{i}", text[i * 40 : (i + 1) * 40]) for i in range(5)]
+    docs.insert(2, RawDocument("empty", ["  ", "\u0007"]))
+    one_by_one = _tokenize_all(docs, monkeypatch, 1)
+    assert one_by_one == _tokenize_all(docs, monkeypatch, 50) == _tokenize_all(docs, monkeypatch, 10**6)
+    good, dead = one_by_one
+    assert [d for d, _, _ in good] == ["b0", "b1", "b2", "b3", "b4"] and dead == [(DEAD_LETTER, "empty")]
+    tok = tokenize.build_tokenizer(VOCAB.read_text(encoding="utf-8"), lowercase=True)
+    expected = [i for e in tok.encode_batch(tokenize.split_sentences(docs[0]), add_special_tokens=False) for i in e.ids]
+    assert good[0][1] == expected
+
+
+def _shard_bytes(tmp_path, monkeypatch, batch_instances: int) -> dict[str, bytes]:
+    monkeypatch.setattr(nsp, "BATCH_INSTANCES", batch_instances)
+    out = tmp_path / f"b{batch_instances}"
+    split = SplitSettings(seed=4, heldout_fraction=0.1, docs_per_bucket=6, dupe_factor=2)
+    with BeamTestPipeline(runner="FnApiRunner") as p:
+        _ = (p | beam.Create(_docs(30, seed=3)) | CreateInstances(split, InstanceSettings(seq_len=40),
+                                                                  MaskingVocab.from_vocab_file(VOCAB))
+             | WriteShards(str(out), "arrow", num_shards=3))
+    return {f.name: f.read_bytes() for f in sorted(out.iterdir())}
+
+
+def test_instance_batch_size_does_not_change_shards(tmp_path, monkeypatch):
+    small = _shard_bytes(tmp_path, monkeypatch, 3)
+    assert small == _shard_bytes(tmp_path, monkeypatch, 4096)
+    assert len(small) >= 4 and all(small.values())
