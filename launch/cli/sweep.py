@@ -12,7 +12,7 @@ epoch), or a YAML file mapping fine-tuning settings to lists (`lr: [5e-5, 1e-4]`
 examples:
   bertpipe sweep --tasks sst2,mrpc,rte --checkpoint runs/base --data-dir data/glue --out out/sweep
   ray job submit --working-dir . -- bertpipe sweep --tasks sst2 --checkpoint ... --address auto ...
-  ray submit deploy/ray-cluster.yaml launch/cli/__init__.py sweep --tasks sst2 ... --address auto   (see docs/finetune.md)
+  ray submit deploy/ray-cluster.yaml launch/cli/__main__.py sweep --tasks sst2 ... --address auto   (see docs/finetune.md)
 
 Test hook: env BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT=i crashes trial i on its first attempt only.
 """

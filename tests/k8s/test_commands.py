@@ -202,8 +202,8 @@ def _check_documented(argv: list[str], where: str, monkeypatch, capsys, caplog) 
             key, value = argv[argv.index("-l") + 1].split("=")
             assert any(o["metadata"]["labels"].get(key) == value for o in objects), f"{where}: selects nothing"
     elif argv[:2] == ["ray", "submit"]:
-        # ray submit CLUSTER.yaml SCRIPT [args]: the script is launch/cli/__init__.py, i.e. `bertpipe ...`.
-        assert argv[2] == "deploy/ray-cluster.yaml" and argv[3] == "launch/cli/__init__.py", where
+        # ray submit CLUSTER.yaml SCRIPT [args]: the script is launch/cli/__main__.py, i.e. `bertpipe ...`.
+        assert argv[2] == "deploy/ray-cluster.yaml" and argv[3] == "launch/cli/__main__.py", where
         assert (REPO / argv[2]).is_file() and (REPO / argv[3]).is_file(), where
         check_bertpipe(argv[4:], where, capsys, caplog)
     elif argv[:3] == ["ray", "job", "submit"]:
