@@ -280,6 +280,8 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     with FileSystems.create(FileSystems.join(out, "manifest.json")) as f:
         f.write(json.dumps(manifest, indent=2, sort_keys=False).encode("utf-8"))
     FileSystems.delete([tmp])
+    log.info("corpus done in %.1f s: %s instances in %d shards; counters %s", time.time() - start,
+             f"{manifest['num_instances']:,}", len(shard_infos), json.dumps(counters))
     if manifest["num_instances"] == 0:
         log.warning("no instances were produced; the counters in %s/manifest.json say what was skipped and why", out)
     return CorpusResult(Path(out), manifest, time.time() - start)
