@@ -25,12 +25,15 @@ def is_rank_zero() -> bool:
 
 
 class _DropKnownNoise(logging.Filter):
-    """Drops import-time warnings of optional cloud extras we do not use (Beam's GCP/BigQuery clients)."""
+    """Drops import-time warnings of optional cloud extras we do not use (Beam's GCP/BigQuery clients),
+    and the tracebacks Beam logs for a Ctrl-C inside a DoFn (the CLI reports it in one line)."""
 
     NOISE = ("apitools not found",)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.NOISE)
+        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+            return False
+        return not str(record.msg).startswith(self.NOISE) and "KeyboardInterrupt [while running" not in str(record.msg)
 
 
 def setup_logging(level: int = logging.INFO) -> None:

@@ -69,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as err:
         parser.exit(2, f"bertpipe {command}: error: {err}\n")
     except KeyboardInterrupt:
-        print(f"bertpipe {command}: interrupted", file=sys.stderr)
+        # One line, and how to continue: the command's partial output is left recognisably unfinished.
+        hint = getattr(module, "ON_INTERRUPT", "run the same command again to start over")
+        print(f"bertpipe {command}: interrupted; {hint}", file=sys.stderr)
         return 130
 

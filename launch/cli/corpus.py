@@ -52,6 +52,9 @@ def _parse_with_beam_args(self, args=None, namespace=None):
     return ns
 
 
+ON_INTERRUPT = "the partial output in --out has no manifest.json; run the same command again to rebuild it"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.parse_args = types.MethodType(_parse_with_beam_args, parser)
     parser.add_argument("action", nargs="*", metavar="inspect DIR",
@@ -112,10 +115,18 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.corpus_job import run as run_job
 
     config = _config_of(args)
+    from pipeline.output_lock import OutputLock
+
     try:
-        result = run_job(config, beam_args_of(args))
+        with OutputLock(config.out, "corpus"):  # one writer per --out: a second job is refused, not merged
+            result = run_job(config, beam_args_of(args))
     except ValueError as err:
         raise CliError(str(err)) from err
+    except RuntimeError as err:
+        # Beam re-raises a Ctrl-C inside a DoFn as RuntimeError("KeyboardInterrupt [while running ...]").
+        if "KeyboardInterrupt" in str(err):
+            raise KeyboardInterrupt from None
+        raise
     _print_summary(result)
     return 0
 

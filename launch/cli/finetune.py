@@ -34,6 +34,9 @@ def add_finetune_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, 
     add_config_flags(parser, FinetuneConfig, skip=skip)
 
 
+ON_INTERRUPT = "OUT has no metrics.json; run the same command again to start over"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_finetune_arguments(parser)
 
@@ -56,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     from launch.finetune.runner import finetune
 
+    from pipeline.output_lock import OutputLock
+
     try:
-        result = finetune(cfg)
+        with OutputLock(cfg.out, "finetune"):
+            result = finetune(cfg)
     except ValueError as err:  # DataError and bad settings: what to change, no traceback
         raise CliError(str(err)) from None
     # Intentional CLI output: the dev metrics summary.

@@ -26,9 +26,13 @@ from pathlib import Path
 
 from launch.errors import CliError
 from launch.log import setup_logging
-from launch.pretrain.worker import add_arguments as add_worker_arguments, load_run_config
+from launch.pretrain.worker import add_arguments as add_worker_arguments, load_run_config, run_dir_lock
+from pipeline.output_lock import OutputLocked
 
 USAGE = "bertpipe pretrain --data CORPUS --out RUN [--config PRESET|FILE.yaml] [--nproc N] [--resume] [--KEY VALUE ...]"
+
+
+ON_INTERRUPT = "continue from the last checkpoint with the same command plus --resume"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging()
     import torch
 
-    from launch.pretrain.trainer import NonFiniteLossError, preflight
+    from launch.pretrain.trainer import preflight
 
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     nproc = int(os.environ["WORLD_SIZE"]) if under_launcher else (args.nproc or max(1, torch.cuda.device_count()))
@@ -57,15 +61,29 @@ def run(args: argparse.Namespace) -> int:
         preflight(cfg, args.data, world_size=nproc, device_type=device_type)
     except ValueError as err:
         raise CliError(str(err)) from None
-    if nproc == 1 or under_launcher:
-        from launch.pretrain.trainer import Trainer
+    try:
+        # One writer per run dir: this process (or rank 0 under a launcher) holds RUN/.bertpipe.lock;
+        # the workers it starts inherit it.
+        with run_dir_lock(args.out):
+            if nproc == 1 or under_launcher:
+                return _train_here(cfg, args)
+            return _launch_workers(cfg, args, nproc)
+    except OutputLocked as err:
+        raise CliError(str(err)) from None
 
-        try:
-            trainer = Trainer(cfg, data_dir=args.data, run_dir=args.out, resume=args.resume)
-            trainer.setup()
-            return trainer.train()
-        except (ValueError, NonFiniteLossError) as err:
-            raise CliError(str(err)) from None
+
+def _train_here(cfg, args: argparse.Namespace) -> int:
+    from launch.pretrain.trainer import NonFiniteLossError, Trainer
+
+    try:
+        trainer = Trainer(cfg, data_dir=args.data, run_dir=args.out, resume=args.resume)
+        trainer.setup()
+        return trainer.train()
+    except (ValueError, NonFiniteLossError) as err:
+        raise CliError(str(err)) from None
+
+
+def _launch_workers(cfg, args: argparse.Namespace, nproc: int) -> int:
     from launch.config import save_config
     from launch.pretrain.launcher import launch_local
 

@@ -27,6 +27,9 @@ from launch.cli.finetune import add_finetune_arguments, config_from_args
 from launch.config import to_dict
 
 
+ON_INTERRUPT = "finished trials are kept; continue with the same command plus --resume"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", required=True, help="comma-separated task names, e.g. sst2,mrpc,rte")
     parser.add_argument("--grid", default="paper", help="paper | quick | FILE.yaml (default paper)")
@@ -57,13 +60,16 @@ def run(args: argparse.Namespace) -> int:
     crash = os.environ.get("BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT")
     from launch.finetune.tune_sweep import run_sweep
 
+    from pipeline.output_lock import OutputLock
+
     try:
-        result = run_sweep(
-            tasks, cfg.checkpoint, cfg.data_dir, cfg.out, grid=args.grid, seeds=args.seeds, overrides=overrides,
-            address=args.address, resume=args.resume, cpus_per_trial=args.cpus_per_trial,
-            gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, num_cpus=args.num_cpus,
-            temp_dir=args.ray_temp_dir, crash_first_attempt=int(crash) if crash else None,
-        )
+        with OutputLock(cfg.out, "sweep"):
+            result = run_sweep(
+                tasks, cfg.checkpoint, cfg.data_dir, cfg.out, grid=args.grid, seeds=args.seeds, overrides=overrides,
+                address=args.address, resume=args.resume, cpus_per_trial=args.cpus_per_trial,
+                gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, num_cpus=args.num_cpus,
+                temp_dir=args.ray_temp_dir, crash_first_attempt=int(crash) if crash else None,
+            )
     except ValueError as err:
         raise CliError(str(err)) from None
     print(result.table)  # intentional CLI output: the results table

@@ -8,15 +8,20 @@ the library, so that the worker does not depend on the CLI layer; `launch.cli.pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
-from launch.log import setup_logging
+from launch.log import global_rank, setup_logging
 from launch.pretrain.pretrain_config import PretrainConfig
 
 log = logging.getLogger(__name__)
+
+# Set while a process of ours holds the run dir's lock, for the worker processes it starts.
+LOCK_HELD_ENV = "BERTPIPE_RUN_LOCK_HELD"
 
 # Shortcuts kept from the first releases: the same flags as --schedule.total-steps / --checkpoint.save-every.
 ALIASES = {"schedule.total_steps": ["--max-steps"], "checkpoint.save_every": ["--save-every"]}
@@ -48,6 +53,28 @@ def load_run_config(args: argparse.Namespace) -> PretrainConfig:
     return config_from_args(args, PretrainConfig, legacy=args.overrides, preset=True, config_file=config)
 
 
+@contextlib.contextmanager
+def run_dir_lock(out: Path):
+    """Hold RUN/.bertpipe.lock for this run: taken by global rank 0 unless a parent process of ours
+    (`bertpipe pretrain --nproc N`) already holds it for the same directory."""
+    from pipeline.output_lock import OutputLock
+
+    key = str(Path(out).resolve())
+    if global_rank() != 0 or os.environ.get(LOCK_HELD_ENV) == key:
+        yield
+        return
+    with OutputLock(out, "pretrain"):
+        previous = os.environ.get(LOCK_HELD_ENV)
+        os.environ[LOCK_HELD_ENV] = key  # inherited by the workers this process starts
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(LOCK_HELD_ENV, None)
+            else:
+                os.environ[LOCK_HELD_ENV] = previous
+
+
 def build_trainer(args: argparse.Namespace):
     from launch.pretrain.trainer import Trainer
 
@@ -65,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        trainer = build_trainer(args)
-        trainer.setup()
-        return trainer.train()
+        with run_dir_lock(args.out):
+            trainer = build_trainer(args)
+            trainer.setup()
+            return trainer.train()
     except (ValueError, CliError) as err:  # a user error: the message says what to change
         log.error("%s", err)
         return 2

@@ -1,0 +1,108 @@
+"""One writer per --out, and Ctrl-C: through the real CLI on the bundled data (issue 11)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch import cli
+from pipeline.manifest import sha256_file
+from pipeline.output_lock import LOCK_NAME
+from repo_paths import DATA, GLUE, VOCAB, WIKI_DUMP
+
+CORPUS_ARGS = ["--input", str(DATA / "books" / "persuasion.txt"), str(WIKI_DUMP), "--vocab", str(VOCAB),
+               "--seq-len", "64", "--dupe-factor", "1", "--num-shards", "2"]
+
+
+def _refused(argv) -> None:
+    """A user error: `bertpipe` exits 2 with its one-line message (argparse's parser.exit)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+
+
+def _start_corpus(out, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    err = open(tmp_path / f"{out.name}.err", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "corpus", *CORPUS_ARGS, "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
+    return proc, err
+
+
+def _wait_for(path, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the corpus job ended (rc {proc.returncode}) before {path.name} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.1)
+
+
+def test_second_corpus_on_a_locked_out_is_refused_and_the_first_finishes_intact(tmp_path, capsys):
+    out = tmp_path / "corpus"
+    first, err = _start_corpus(out, tmp_path)
+    try:
+        _wait_for(out / LOCK_NAME, first)
+        _refused(["corpus", *CORPUS_ARGS, "--out", str(out)])
+        message = capsys.readouterr().err
+        assert f"is being written by `bertpipe corpus` (pid {first.pid} on {socket.gethostname()}" in message
+        assert first.wait(timeout=600) == 0, err.seek(0) or err.read()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["num_instances"] > 0 and not (out / LOCK_NAME).exists()
+    for shard in manifest["shards"]:
+        assert sha256_file(out / shard["path"]) == shard["sha256"], shard["path"]
+
+
+def test_ctrl_c_on_corpus_is_one_line_and_exit_130(tmp_path):
+    out = tmp_path / "interrupted"
+    proc, err = _start_corpus(out, tmp_path)
+    try:
+        _wait_for(out / ".bertpipe-tmp", proc)  # the Beam job is running
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err.seek(0)
+    lines = [line for line in err.read().splitlines() if " INFO " not in line]
+    assert len(lines) == 1 and lines[0].startswith("bertpipe corpus: interrupted; "), lines
+    assert "no manifest.json" in lines[0] and not (out / "manifest.json").exists()
+    assert not (out / LOCK_NAME).exists()
+
+
+@pytest.fixture
+def live_lock(tmp_path):
+    """An output directory locked by a live process (a real pid on this host)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    out = tmp_path / "locked"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname(),
+                                             "command": "finetune", "since": "now"}))
+    yield out, sleeper.pid
+    sleeper.kill()
+    sleeper.wait()
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "sweep"])
+def test_pretrain_finetune_sweep_refuse_a_locked_out(command, live_lock, small_corpus, tiny_checkpoint, capsys):
+    out, pid = live_lock
+    argv = {
+        "pretrain": ["pretrain", "--config", "tiny", "--data", str(small_corpus), "--out", str(out)],
+        "finetune": ["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+                     "--out", str(out)],
+        "sweep": ["sweep", "--tasks", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+                  "--out", str(out), "--grid", "quick"],
+    }[command]
+    _refused(argv)
+    assert f"is being written by `bertpipe finetune` (pid {pid}" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written next to the holder's files
