@@ -178,6 +178,8 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=4, help="N for the Nx-input memory run (default 4)")
     parser.add_argument("--workers", type=int, default=1, help="local Beam worker processes (default 1: in-process)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="tokenizer threads, both sides (default: all cores)")
+    parser.add_argument("--books-only", action="store_true", help="book text only (no Wikipedia markup to parse)")
+    parser.add_argument("--scale", type=int, default=1, help="copies of the input files that make up 1x (default 1)")
     parser.add_argument("--masking-only", action="store_true", help="only the per-sample masking rates")
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)
@@ -185,19 +187,27 @@ def main() -> None:
         _print(masking_rates())
         return
 
-    one = run_job(INPUTS, args.workers, args.threads)
+    inputs = INPUTS[1:] if args.books_only else INPUTS
     with tempfile.TemporaryDirectory(prefix="bertpipe-bench-in-") as tmp:
-        many = []
-        for k in range(args.copies):
-            for path in INPUTS:
-                copy = Path(tmp) / f"copy{k}-{path.name}"
-                shutil.copyfile(path, copy)
-                many.append(copy)
-        n_x = run_job(many, args.workers, args.threads)
-    peer, peer_tokens = peer_tokens_per_s(INPUTS)
+        def copies(n: int) -> list[Path]:
+            out = []
+            for k in range(n):
+                for path in inputs:
+                    copy = Path(tmp) / f"copy{k}-{path.name}"
+                    if not copy.exists():
+                        shutil.copyfile(path, copy)
+                    out.append(copy)
+            return out
+
+        one_x = copies(args.scale) if args.scale > 1 else inputs
+        one = run_job(one_x, args.workers, args.threads)
+        n_x = run_job(copies(args.scale * args.copies), args.workers, args.threads)
+        peer, peer_tokens = peer_tokens_per_s(one_x)
 
     job_tps = one["tokens"] / one["seconds"]
     rows = [
+        ("input 1x", f"{'books' if args.books_only else 'wiki dump + books'} x{args.scale} "
+                     f"({sum(p.stat().st_size for p in inputs) * args.scale / 1e6:.1f} MB on disk)"),
         ("threads (tokenizer, both sides) / Beam workers", f"{args.threads} / {args.workers}"),
         ("job tokens/s (1x)", f"{job_tps:,.0f}"),
         ("tokenizers encode_batch tokens/s", f"{peer:,.0f}"),
