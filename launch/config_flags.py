@@ -4,7 +4,7 @@ The flags are generated from the command's config dataclass, so a default is sta
 dataclass field) and `--help` shows it from there. A nested section's field is `--section.field`
 (`--optim.lr 1e-4`, `--zero.stage 2`); underscores are written as dashes (`--seq-len 512`). Values
 are read as YAML scalars (`null`, `1e-4`, `true`) and then typed strictly by `launch.config.from_dict`,
-so a wrong type names its flag. Booleans come in pairs (`--whole-word-mask` / `--no-whole-word-mask`),
+so a wrong type names its flag. Booleans take `--x`, `--x true|false` or `--no-x`,
 lists take several values (`--input a b`), mappings take `KEY=VALUE` items (`--model.fields
 hidden_dropout_prob=0`).
 
@@ -94,6 +94,13 @@ def _yaml_value(text: str) -> Any:
     return yaml.safe_load(text) if text.strip() else ""
 
 
+def _bool_value(text: str) -> bool:
+    value = _yaml_value(text)
+    if not isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
 def _text_or_null(text: str) -> str | None:
     return None if text in ("null", "None", "~") else text
 
@@ -140,7 +147,15 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: 
         base_origin = typing.get_origin(base)
         optional = base is not annotation
         if base is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
+            # `--x`, `--x true|false` and `--no-x` all work: people write both styles.
+            kwargs.update(nargs="?", const=True, type=_bool_value, metavar="true|false")
+            names = [flag_names.get(dotted, _flag_of(path)), *aliases.get(dotted, ())]
+            negative = "--" + ".".join([*(p.replace("_", "-") for p in path[:-1]), "no-" + path[-1].replace("_", "-")])
+            kwargs["help"] = kwargs["help"][:-1] + f"; {negative} = false)"
+            target.add_argument(*names, **kwargs)
+            target.add_argument(negative, dest=kwargs["dest"], action="store_false", default=argparse.SUPPRESS,
+                                help=argparse.SUPPRESS)
+            continue
         elif base_origin is typing.Literal:
             kwargs["choices"] = [str(a) for a in typing.get_args(base)]
             kwargs["type"] = str

@@ -10,3 +10,35 @@ class CliError(Exception):
 
     The message says what to change.
     """
+
+
+def disk_full_message(err: BaseException, path: object) -> str | None:
+    """One line for a full disk, naming the path, or None when `err` is something else.
+
+    Writers report a full disk in different ways: an OSError with ENOSPC (Python, safetensors), a
+    RuntimeError from torch's C++ stream ("basic_ios::clear: iostream error", which never says why),
+    Beam's wrapped "No space left on device". For the opaque ones the file system is asked directly.
+    """
+    import errno
+    import os
+    import shutil
+
+    chain, seen = [], err
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    nospace = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
+    text = " ".join(str(e) for e in chain)
+    nospace = nospace or "No space left on device" in text
+    where = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None) or path
+    if not nospace and ("iostream error" in text or "file write failed" in text or isinstance(err, OSError)):
+        try:
+            probe = where
+            while probe and not os.path.exists(probe):
+                probe = os.path.dirname(str(probe))
+            nospace = shutil.disk_usage(probe or ".").free < 1 << 20
+        except OSError:
+            nospace = False
+    if not nospace:
+        return None
+    return f"no space left on device while writing {where}; free some space, then run the same command again"

@@ -26,14 +26,17 @@ def is_rank_zero() -> bool:
 
 class _DropKnownNoise(logging.Filter):
     """Drops import-time warnings of optional cloud extras we do not use (Beam's GCP/BigQuery clients),
-    and the tracebacks Beam logs for a Ctrl-C inside a DoFn (the CLI reports it in one line)."""
+    and the tracebacks Beam logs for a Ctrl-C or a full disk inside a DoFn (the CLI reports those in one line)."""
 
     NOISE = ("apitools not found",)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
             return False
-        return not str(record.msg).startswith(self.NOISE) and "KeyboardInterrupt [while running" not in str(record.msg)
+        message = str(record.msg)
+        # Beam logs a failing DoFn with its traceback before re-raising; for these two the CLI says it in one line.
+        return not message.startswith(self.NOISE) and not any(
+            f"{what} [while running" in message for what in ("KeyboardInterrupt", "No space left on device"))
 
 
 def setup_logging(level: int = logging.INFO) -> None:

@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import Sequence
 
-from launch.errors import CliError
+from launch.errors import CliError, disk_full_message
 from launch.log import setup_logging
 
 # name -> (module, one-line help). Order is the order of the pipeline.
@@ -68,6 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except CliError as err:
         parser.exit(2, f"bertpipe {command}: error: {err}\n")
+    except Exception as err:  # noqa: BLE001 - only a full disk is turned into a message; the rest re-raises
+        message = disk_full_message(err, getattr(args, "out", None) or vars(args).get("cfg:out"))
+        if message is None:
+            raise
+        hint = getattr(module, "ON_DISK_FULL", "")
+        parser.exit(1, f"bertpipe {command}: error: {message}{hint}\n")
     except KeyboardInterrupt:
         # One line, and how to continue: the command's partial output is left recognisably unfinished.
         hint = getattr(module, "ON_INTERRUPT", "run the same command again to start over")

@@ -33,6 +33,7 @@ USAGE = "bertpipe pretrain --data CORPUS --out RUN [--config PRESET|FILE.yaml] [
 
 
 ON_INTERRUPT = "continue from the last checkpoint with the same command plus --resume"
+ON_DISK_FULL = " (add --resume: the last complete checkpoint is kept)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -82,7 +82,7 @@ def build_trainer(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from launch.errors import CliError
+    from launch.errors import CliError, disk_full_message
     from launch.pretrain.trainer import NonFiniteLossError
 
     parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
@@ -102,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as err:
         log.error("%s", err)
         return 3
+    except Exception as err:  # noqa: BLE001 - a full disk becomes one line; anything else re-raises
+        message = disk_full_message(err, args.out)
+        if message is None:
+            raise
+        if global_rank() == 0:  # every rank may hit it; one line is enough
+            log.error("%s (add --resume: the last complete checkpoint is kept)", message)
+        return 1
 
 
 if __name__ == "__main__":

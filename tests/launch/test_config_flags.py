@@ -56,7 +56,9 @@ def test_flags_cover_every_field_with_types_and_defaults():
                         inner=Inner(rate=1e-4, mode="b", extra={"k": 0, "j": "x"}))
     text = parser.format_help()
     assert "--inner.rate X" in text and "how fast it goes (two lines). (default: 0.5)" in text
-    assert "--fast, --no-fast" in text and "(default: false)" in text
+    assert "--fast [true|false]" in text and "go fast (default: false; --no-fast = false)" in text
+    for argv, value in ((["--fast"], True), (["--fast", "false"], False), (["--no-fast"], False)):
+        assert config_from_args(_parse(argv)[1], Outer).fast is value
     assert "--count N" in text and "(default: null)" in text
 
 

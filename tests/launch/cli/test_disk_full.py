@@ -1,0 +1,120 @@
+"""A full disk is one line naming the path, and nothing is lost: real small tmpfs mounts (issue 11).
+
+Each test mounts a tmpfs of a few MB (needs root, as CI and the dev machines run; elsewhere the tests
+skip with that reason) so that the command's output cannot fit, checks the one-line message, then
+grows the mount (`remount,size=`) and checks that the same command continues.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repo_paths import DATA, VOCAB
+
+BERTPIPE = Path(sys.executable).with_name("bertpipe")
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """`mount(size_bytes) -> path`: a fresh tmpfs of that size; `resize(size_bytes)` grows it."""
+    mounted: list[Path] = []
+
+    def mount(size: int) -> Path:
+        point = tmp_path / f"tmpfs{len(mounted)}"
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    def resize(point: Path, size: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(point)], check=True)
+
+    mount.resize = resize
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BERTPIPE), *argv], capture_output=True, text=True, env=ENV, timeout=600)
+
+
+def _one_error_line(done: subprocess.CompletedProcess, command: str, path: Path) -> str:
+    # Log lines and progress bars of the work done before the disk filled are not part of the error.
+    noise = (" INFO ", "[WARNING]", "[INFO]", " WARNING ", "it/s]")
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not any(n in line for n in noise)]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert "no space left on device while writing" in lines[0] and str(path) in lines[0], lines[0]
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+def test_corpus_on_a_full_disk_says_so_and_a_rerun_after_freeing_space_works(tmpfs):
+    disk = tmpfs(256 * 1024)
+    out = disk / "corpus"
+    argv = ["corpus", "--input", str(DATA / "books" / "persuasion.txt"), "--vocab", str(VOCAB), "--out", str(out),
+            "--seq-len", "64", "--dupe-factor", "1", "--num-shards", "1"]
+    done = _run(argv)
+    assert done.returncode == 1
+    line = _one_error_line(done, "corpus", disk)
+    assert line.startswith("bertpipe corpus: error:")
+    assert not (out / "manifest.json").exists()
+    tmpfs.resize(disk, 64 * 1024 * 1024)
+    assert _run(argv).returncode == 0
+    assert json.loads((out / "manifest.json").read_text())["num_instances"] > 0
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, small_corpus):
+    """4 uninterrupted steps on 1 process, a checkpoint at 2 and 4: the losses a resume must give."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    done = _run(["pretrain", "--config", "tiny", "--data", str(small_corpus), "--out", str(out), "--nproc", "1",
+                 "--max-steps", "4", "--save-every", "2", "--log.eval-every", "0", "--log.tensorboard", "false"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r["loss"] for r in records}
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def test_pretrain_on_a_full_disk_keeps_the_last_checkpoint_and_resumes_exactly(tmpfs, reference_run, small_corpus):
+    checkpoint_bytes = _du(reference_run / "checkpoints" / "global_step2")
+    # Room for the run's small files and one checkpoint, not for the second.
+    disk = tmpfs(int(checkpoint_bytes * 1.5) + 2 * 1024 * 1024)
+    out = disk / "run"
+    argv = ["pretrain", "--config", "tiny", "--data", str(small_corpus), "--out", str(out), "--nproc", "1",
+            "--max-steps", "4", "--save-every", "2", "--log.eval-every", "0", "--log.tensorboard", "false"]
+    done = _run(argv)
+    assert done.returncode != 0
+    line = _one_error_line(done, "pretrain", disk)
+    assert "--resume" in line
+    assert (out / "checkpoints" / "latest").read_text().strip() == "global_step2"
+
+    tmpfs.resize(disk, 8 * checkpoint_bytes + 16 * 1024 * 1024)
+    done = _run([*argv, "--resume"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours, reference = _losses(out), _losses(reference_run)
+    assert ours == reference, "after freeing space, --resume must give the uninterrupted run's losses"
+
+
+def test_export_on_a_full_disk_says_so(tmpfs, reference_run):
+    disk = tmpfs(512 * 1024)
+    done = _run(["export", str(reference_run), "--out", str(disk / "hf")])
+    assert done.returncode != 0
+    _one_error_line(done, "export", disk)
