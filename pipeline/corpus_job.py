@@ -33,7 +33,8 @@ from pipeline.nsp import CreateInstances, SplitSettings
 from pipeline.progress import ProgressReporter, local_progress_dir
 from pipeline.shards import WriteShards
 from pipeline.sources import DEAD_LETTER, ReadDocuments, expand_inputs
-from pipeline.tokenize import TokenizeDocuments, read_vocab_tokens, vocab_is_cased
+from pipeline.tokenize import TokenizeDocuments
+from pipeline.vocab import read_vocab_tokens, vocab_is_cased
 from pipeline.vocab_training import CountWords, read_count_files, train_wordpiece
 from pipeline.manifest import FORMAT, FORMAT_VERSION
 
@@ -54,14 +55,14 @@ class CorpusConfig:
     train_vocab_size: int | None = None  # train a WordPiece vocab of this size on the input
     seq_len: int = 128  # [CLS] A [SEP] B [SEP], at most this many tokens
     dupe_factor: int = 5  # copies of each document with different segmentation and masks
-    seed: int = 12345
-    masked_lm_prob: float = 0.15
-    max_predictions: int = 20
-    short_seq_prob: float = 0.1
-    whole_word_mask: bool = False
+    seed: int = 12345  # global seed; the output is a function of the inputs and the seed
+    masked_lm_prob: float = 0.15  # share of (non-special) tokens masked
+    max_predictions: int = 20  # cap on masked tokens per instance
+    short_seq_prob: float = 0.1  # share of instances with a shorter target length
+    whole_word_mask: bool = False  # mask all pieces of a word together
     lowercase: bool | None = None  # None: uncased unless the vocab is cased
     num_shards: int = 0  # train shards; 0 = one per `instances_per_shard`
-    instances_per_shard: int = 100_000
+    instances_per_shard: int = 100_000  # shard size when num_shards is 0
     heldout_fraction: float = 0.02  # share of whole documents in the heldout split
     docs_per_bucket: int = 1000  # NSP negatives come from a bucket of about this many documents
     input_format: str = "auto"  # auto | wiki-xml | text | lines | jsonl

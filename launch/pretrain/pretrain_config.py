@@ -41,7 +41,7 @@ class DataSection:
     prefetch: batches prepared ahead in a background thread (0 = none).
     """
 
-    seed: int = 1234
+    seed: int = 1234  # the loader's shuffle seed: the sample order is a pure function of (seed, epoch)
     micro_batch_size: int = 32
     global_batch_size: int = 256
     dynamic_masking: bool = False
@@ -57,11 +57,11 @@ class OptimSection:
     """
 
     name: Literal["lamb", "adamw"] = "lamb"
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-6
-    weight_decay: float = 0.01
+    lr: float = 1e-3  # peak learning rate
+    beta1: float = 0.9  # first-moment decay
+    beta2: float = 0.999  # second-moment decay
+    eps: float = 1e-6  # added to the denominator
+    weight_decay: float = 0.01  # on weights only, not on biases and LayerNorm (which LAMB also leaves unadapted)
     max_grad_norm: float = 1.0
 
 
@@ -72,12 +72,12 @@ class ScheduleSection:
     warmup_steps: null = `warmup_ratio * total_steps`.
     """
 
-    total_steps: int = 1000
+    total_steps: int = 1000  # optimizer steps of the run
     warmup_steps: Optional[int] = None
-    warmup_ratio: float = 0.01
+    warmup_ratio: float = 0.01  # warm-up as a share of total_steps when warmup_steps is null
     decay: Literal["linear", "poly", "constant"] = "linear"
-    power: float = 1.0
-    min_lr_ratio: float = 0.0
+    power: float = 1.0  # exponent of the poly decay
+    min_lr_ratio: float = 0.0  # the lr decays to this share of optim.lr
 
 
 @dataclass
@@ -89,12 +89,12 @@ class ZeroSection:
     stage: int = 1
     offload_optimizer: Literal["none", "cpu"] = "none"
     offload_param: Literal["none", "cpu"] = "none"
-    overlap_comm: bool = False
-    contiguous_gradients: bool = True
-    reduce_bucket_size: int = 50_000_000
-    allgather_bucket_size: int = 50_000_000
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_param_persistence_threshold: int = 100_000
+    overlap_comm: bool = False  # overlap gradient reduction with backward
+    contiguous_gradients: bool = True  # copy gradients into one buffer (less fragmentation)
+    reduce_bucket_size: int = 50_000_000  # elements per gradient reduction bucket
+    allgather_bucket_size: int = 50_000_000  # elements per parameter all-gather bucket
+    stage3_prefetch_bucket_size: int = 50_000_000  # ZeRO-3: elements prefetched ahead of use
+    stage3_param_persistence_threshold: int = 100_000  # ZeRO-3: parameters smaller than this stay unpartitioned
 
 
 @dataclass
@@ -102,10 +102,10 @@ class PrecisionSection:
     """dtype: fp32, bf16, or fp16 (GPU only; dynamic loss scaling unless `loss_scale` > 0)."""
 
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
-    loss_scale: float = 0.0
-    initial_scale_power: int = 16
-    loss_scale_window: int = 1000
-    min_loss_scale: float = 1.0
+    loss_scale: float = 0.0  # fp16: a fixed loss scale; 0 = dynamic
+    initial_scale_power: int = 16  # fp16: dynamic scaling starts at 2**this
+    loss_scale_window: int = 1000  # fp16: steps without overflow before the scale grows
+    min_loss_scale: float = 1.0  # fp16: the dynamic scale never drops below this
 
 
 @dataclass
@@ -131,21 +131,21 @@ class LogSection:
     """
 
     log_every: int = 1
-    eval_every: int = 500
+    eval_every: int = 500  # steps between held-out evaluations (0 = off)
     eval_samples: int = 2048
-    tensorboard: bool = True
-    progress_bar: bool = True
-    peak_tflops: Optional[float] = None
-    sample_ids: bool = False
-    max_nonfinite_steps: int = 5
+    tensorboard: bool = True  # write TensorBoard events to RUN/tensorboard/
+    progress_bar: bool = True  # a progress bar on rank 0
+    peak_tflops: Optional[float] = None  # per-device peak for MFU (null: the spec-sheet peak of a known GPU)
+    sample_ids: bool = False  # record each step's global sample ids in metrics.jsonl (audits, resume tests)
+    max_nonfinite_steps: int = 5  # stop after this many non-finite losses in a row
 
 
 @dataclass
 class PretrainConfig:
     """The whole pre-training run. `seed` seeds model init and dropout (the loader has its own)."""
 
-    seed: int = 42
-    deterministic: bool = False
+    seed: int = 42  # seeds model init and dropout (the loader has its own data.seed)
+    deterministic: bool = False  # torch deterministic algorithms (bit-exact reruns; slower on GPU)
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
