@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launch.finetune.examples import DataError
 from pipeline.manifest import sha256_file
+from pipeline.vocab import build_tokenizer, check_embedding_rows, declared_lowercase, vocab_is_cased
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +43,9 @@ def _resolve(path: Path) -> Path:
 
 
 def _lowercase(hf_dir: Path, vocab: list[str]) -> bool:
-    """`do_lower_case` from tokenizer_config.json; else lower-case iff the vocab has no upper-case word."""
-    cfg = hf_dir / "tokenizer_config.json"
-    if cfg.is_file():
-        value = json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case")
-        if isinstance(value, bool):
-            return value
-    return not any(tok[:1].isupper() for tok in vocab if not tok.startswith("["))
+    """`do_lower_case` from tokenizer_config.json, else the vocabulary's own casing (`pipeline.vocab`)."""
+    declared = declared_lowercase(hf_dir)
+    return not vocab_is_cased(vocab) if declared is None else declared
 
 
 def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkpoint:
@@ -70,12 +67,11 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
     if not vocab_file.is_file():
         raise DataError(f"{hf_dir} has no vocab.txt; the fine-tuning tokenizer must use the checkpoint's own vocabulary")
     tokens = vocab_file.read_text(encoding="utf-8").splitlines()
-    rows = int(config.get("vocab_size", len(tokens)))
-    if len(tokens) > rows:
-        raise DataError(
-            f"{vocab_file} has {len(tokens)} tokens but the checkpoint's embeddings have {rows} rows: "
-            "the vocabulary does not belong to this checkpoint"
-        )
+    try:
+        check_embedding_rows(len(tokens), int(config.get("vocab_size", len(tokens))), vocab=str(vocab_file),
+                             model=f"checkpoint {hf_dir}")
+    except ValueError as err:
+        raise DataError(str(err)) from None
     if vocab is not None:
         user = Path(vocab)
         if not user.is_file():
@@ -93,11 +89,4 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
 
 def load_tokenizer(ckpt: Checkpoint):
     """A fast WordPiece tokenizer (HF `tokenizers`) over the checkpoint's vocab, no padding/truncation."""
-    from tokenizers import BertWordPieceTokenizer
-
-    tok = BertWordPieceTokenizer(
-        str(ckpt.vocab_file), lowercase=ckpt.lowercase, clean_text=True, handle_chinese_chars=True, strip_accents=None
-    )
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
+    return build_tokenizer(ckpt.vocab_file.read_text(encoding="utf-8"), ckpt.lowercase)

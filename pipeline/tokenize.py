@@ -20,6 +20,7 @@ from apache_beam.transforms.window import GlobalWindows
 from pipeline.progress import ProgressWriter
 from pipeline.readers import RawDocument, Skip
 from pipeline.sources import DEAD_LETTER
+from pipeline.vocab import build_tokenizer
 
 log = logging.getLogger(__name__)
 # Sentences per `encode_batch` call: large enough that per-call overhead vanishes and the Rust side
@@ -54,33 +55,6 @@ class TokenizedDocument:
     @property
     def num_tokens(self) -> int:
         return int(self.ids.size)
-
-
-def read_vocab_tokens(vocab_text: str) -> list[str]:
-    tokens = [line.rstrip("\r") for line in vocab_text.split("\n")]
-    while tokens and tokens[-1] == "":
-        tokens.pop()
-    return tokens
-
-
-def vocab_is_cased(tokens: list[str]) -> bool:
-    """A cased vocab holds capitalised word pieces; bert-base-uncased holds (almost) none."""
-    plain = [t for t in tokens if not (t.startswith("[") and t.endswith("]"))]
-    upper = sum(1 for t in plain if any(c.isupper() for c in t))
-    return upper > 0.05 * max(1, len(plain))
-
-
-def build_tokenizer(vocab_text: str, lowercase: bool):
-    from tokenizers import BertWordPieceTokenizer
-
-    tokens = read_vocab_tokens(vocab_text)
-    return BertWordPieceTokenizer(
-        {tok: i for i, tok in enumerate(tokens)},
-        lowercase=lowercase,
-        strip_accents=lowercase,  # as BERT: accents are stripped exactly for uncased models
-        clean_text=True,
-        handle_chinese_chars=True,
-    )
 
 
 def split_sentences(document: RawDocument) -> list[str]:

@@ -21,6 +21,7 @@ import torch
 
 from launch.finetune.finetune_config import FeaturesConfig, Pool
 from model import BertModel, load_pretrained
+from pipeline.vocab import Vocab, check_embedding_rows
 
 logger = logging.getLogger(__name__)
 
@@ -93,24 +94,9 @@ def read_texts(path: Path, text_field: str = "text") -> list[str]:
 
 
 def load_tokenizer(checkpoint: Path, max_seq_len: int):
-    """The checkpoint's own tokenizer: tokenizer.json if present, else WordPiece from vocab.txt."""
-    from tokenizers import Tokenizer
-    from tokenizers.implementations import BertWordPieceTokenizer
-
-    if (checkpoint / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-    elif (checkpoint / "vocab.txt").is_file():
-        lowercase = True
-        cfg = checkpoint / "tokenizer_config.json"
-        if cfg.is_file():
-            lowercase = bool(json.loads(cfg.read_text()).get("do_lower_case", True))
-        try:
-            tok = BertWordPieceTokenizer(str(checkpoint / "vocab.txt"), lowercase=lowercase)
-        except (TypeError, ValueError) as err:  # e.g. "sep_token not found in the vocabulary"
-            raise ValueError(f"{checkpoint / 'vocab.txt'} is not a usable BERT vocabulary: {err}") from None
-    else:
-        raise ValueError(f"{checkpoint} has neither tokenizer.json nor vocab.txt")
-    tok.no_padding()
+    """The checkpoint's vocab.txt with its casing (`pipeline.vocab`: tokenizer_config.json's
+    do_lower_case, else the vocabulary's own), truncating to `max_seq_len`."""
+    tok = Vocab.read(checkpoint).tokenizer()
     tok.enable_truncation(max_length=max_seq_len)
     return tok
 
@@ -140,12 +126,8 @@ class FeatureExtractor:
             self.model.to(torch.bfloat16)
         self.max_len = min(cfg.max_seq_len, self.model.config.max_position_embeddings)
         self.tokenizer = load_tokenizer(checkpoint, self.max_len)
-        vocab = self.tokenizer.get_vocab_size()
-        if vocab != self.model.config.vocab_size:
-            raise ValueError(
-                f"the tokenizer in {checkpoint} has {vocab} tokens but the model was trained with "
-                f"{self.model.config.vocab_size}; use the vocabulary the checkpoint was trained with"
-            )
+        check_embedding_rows(self.tokenizer.get_vocab_size(), self.model.config.vocab_size,
+                             vocab=str(checkpoint / "vocab.txt"), model=f"checkpoint {checkpoint}")
         self.layers = parse_layers(cfg.layers, self.model.config.num_hidden_layers)
         self.truncated = 0
 

@@ -26,6 +26,7 @@ from launch.finetune.examples import DataError
 from launch.finetune.encoding import LengthGroupedBatches
 from launch.finetune.kinds import Task, TaskData
 from launch.finetune.tasks import get_task
+from pipeline.vocab import Vocab
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,11 @@ class Finetuner:
         if not data_dir.is_dir():
             raise DataError(f"--data-dir {data_dir} is not a directory")
         self.ckpt = open_checkpoint(cfg.checkpoint, cfg.vocab)
+        hf_config = json.loads((self.ckpt.hf_dir / "config.json").read_text(encoding="utf-8"))
+        positions = int(hf_config.get("max_position_embeddings", 512))
+        if cfg.max_seq_len > positions:  # else the first forward pass fails on a position id out of range
+            raise DataError(f"--max-seq-len {cfg.max_seq_len} exceeds the checkpoint's {positions} position "
+                            f"embeddings ({cfg.checkpoint}); use --max-seq-len {positions} or less")
         self.tokenizer = load_tokenizer(self.ckpt)
         self.data: TaskData = self.task.load(data_dir, cfg)
         self.data.train = _subset(self.data.train, cfg.max_train_samples)
@@ -235,8 +241,8 @@ class Finetuner:
             extra["id2label"] = {str(i): name for i, name in enumerate(self.data.labels)}
             extra["label2id"] = {name: i for i, name in enumerate(self.data.labels)}
         path = save_pretrained(self.model, self.out / "model", vocab_file=self.ckpt.vocab_file, extra_config=extra)
-        (path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": self.ckpt.lowercase,
-                                                                 "tokenizer_class": "BertTokenizer"}) + "\n")
+        Vocab.read(self.ckpt.vocab_file, lowercase=self.ckpt.lowercase).write_tokenizer_files(
+            path, model_max_length=self.model.config.max_position_embeddings)
         return path
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from launch.pretrain.checkpoints import read_latest, read_meta
+from pipeline.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,14 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None) -> 
         available = sorted(p.name for p in ckpt_dir.glob("global_step*") if p.is_dir())
         raise ValueError(f"no checkpoint {tag!r} in {ckpt_dir}; available: {', '.join(available) or 'none'}")
     meta = read_meta(ckpt_dir, tag)
-    model = BertForPreTraining(BertConfig(**meta["bert_config"]))
-    state = consolidated_state_dict(ckpt_dir, tag, meta)
+    vocab_file = ckpt_dir / tag / "vocab.txt"
+    vocab = Vocab.read(vocab_file, lowercase=bool(meta.get("corpus", {}).get("lowercase", True)))
+    trained = BertConfig(**meta["bert_config"])
+    vocab.check_rows(trained.vocab_size, f"checkpoint {ckpt_dir / tag}")
+    # `model.vocab_size` larger than the vocabulary pads embedding rows no token id reaches; Hugging
+    # Face's config must say the real size (its tokenizer and ours agree on it), so export drops them.
+    model = BertForPreTraining(trained.replace(vocab_size=vocab.size))
+    state = _trim_vocab_rows(consolidated_state_dict(ckpt_dir, tag, meta), model.config.padded_vocab_size)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"checkpoint {ckpt_dir / tag} does not match the model it records: missing {missing[:5]}, "
@@ -83,10 +90,8 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        vocab = ckpt_dir / tag / "vocab.txt"
-        save_pretrained(model, tmp, vocab_file=vocab)
-        lowercase = bool(meta.get("corpus", {}).get("lowercase", True))
-        _write_tokenizer(tmp, vocab, lowercase)
+        save_pretrained(model, tmp, vocab_file=vocab_file)
+        vocab.write_tokenizer_files(tmp, model_max_length=model.config.max_position_embeddings)
         (tmp / "README.md").write_text(_model_card(run_dir, tag, meta), encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
@@ -98,15 +103,13 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None) -> 
     return out
 
 
-def _write_tokenizer(out: Path, vocab: Path, lowercase: bool) -> None:
-    from tokenizers import BertWordPieceTokenizer
-
-    tok = BertWordPieceTokenizer(str(vocab), lowercase=lowercase, strip_accents=None if lowercase else False)
-    tok.save(str(out / "tokenizer.json"))
-    config = {"tokenizer_class": "BertTokenizerFast", "do_lower_case": lowercase, "model_max_length": 512,
-              "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-              "mask_token": "[MASK]"}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+def _trim_vocab_rows(state: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+    """The word embeddings and MLM bias cut to `rows` (the tied decoder shares the embedding)."""
+    names = [n for n in state if n.endswith(("embeddings.word.weight", "mlm.bias"))]
+    if any(state[n].shape[0] > rows for n in names):
+        log.info("export: dropping %d padded vocabulary rows (model.vocab_size beyond the vocabulary)",
+                 max(state[n].shape[0] for n in names) - rows)
+    return {n: t[:rows] if n in names else t for n, t in state.items()}
 
 
 def _model_card(run_dir: Path, tag: str, meta: dict[str, Any]) -> str:

@@ -1,0 +1,59 @@
+"""`pipeline.vocab`: the one casing rule, reading, the tokenizer, the embedding-rows check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.vocab import SPECIAL_TOKENS, Vocab, build_tokenizer, check_embedding_rows, vocab_is_cased
+from repo_paths import VOCAB
+
+
+def test_bert_base_uncased_is_uncased_although_it_holds_a_capital():
+    """bert-base-uncased holds 'ℝ' (a capital letter): "any capital means cased" misread it as cased."""
+    vocab = Vocab.read(VOCAB)
+    assert any(any(c.isupper() for c in t) for t in vocab.tokens if not t.startswith("["))
+    assert vocab.size == 30522 and vocab.lowercase is True
+
+
+def test_the_rule_is_a_share_of_capitalised_pieces():
+    plain = [f"w{i}" for i in range(100)]
+    assert not vocab_is_cased([*SPECIAL_TOKENS, *plain[:95], *(f"W{i}" for i in range(5))])  # 5%: uncased
+    assert vocab_is_cased([*SPECIAL_TOKENS, *plain[:94], *(f"W{i}" for i in range(6))])  # 6%: cased
+    assert not vocab_is_cased(list(SPECIAL_TOKENS))  # special tokens do not count
+
+
+def test_tokenizer_config_overrides_the_rule_and_an_argument_overrides_both(tmp_path):
+    (tmp_path / "vocab.txt").write_bytes(VOCAB.read_bytes())
+    assert Vocab.read(tmp_path).lowercase is True
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    assert Vocab.read(tmp_path).lowercase is False
+    assert Vocab.read(tmp_path / "vocab.txt", lowercase=True).lowercase is True
+    (tmp_path / "tokenizer_config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        Vocab.read(tmp_path)
+
+
+def test_tokenizer_lowercases_and_strips_accents_exactly_for_uncased():
+    tokens = [*SPECIAL_TOKENS, "cafe", "Café", "café", "hello", "Hello"]
+    uncased = build_tokenizer(tokens, lowercase=True)
+    cased = build_tokenizer(tokens, lowercase=False)
+    assert uncased.encode("Hello Café", add_special_tokens=False).tokens == ["hello", "cafe"]
+    assert cased.encode("Hello Café", add_special_tokens=False).tokens == ["Hello", "Café"]
+    assert cased.encode("x").tokens == ["[CLS]", "[UNK]", "[SEP]"]  # no padding, no truncation
+
+
+def test_a_vocab_without_the_bert_specials_is_refused(tmp_path):
+    bad = tmp_path / "vocab.txt"
+    bad.write_text("[PAD]\n[UNK]\nhello\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"lacks \[CLS\] \[SEP\] \[MASK\]"):
+        Vocab.read(bad).tokenizer()
+    with pytest.raises(ValueError, match="does not exist"):
+        Vocab.read(tmp_path / "missing.txt")
+
+
+def test_more_tokens_than_embedding_rows_is_refused_padding_is_not():
+    check_embedding_rows(30522, 30528, vocab="v.txt", model="m")
+    with pytest.raises(ValueError, match="v.txt has 30522 tokens but m has 30000 embedding rows"):
+        check_embedding_rows(30522, 30000, vocab="v.txt", model="m")
