@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-CPU_BENCHMARKS = ["corpus_throughput", "loader_throughput", "model_step", "finetune_batching", "download_throughput"]
+CPU_BENCHMARKS = ["corpus_throughput", "loader_throughput", "model_step", "finetune_batching", "download_throughput",
+                  "shard_verify"]
 GPU_BENCHMARKS = ["pretrain_gpu"]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.manifest import read_manifest
+from pipeline.manifest import read_manifest, verify_shards
 
 
 def read_shard(path: str | Path) -> pa.Table:
@@ -34,10 +34,12 @@ def decode_instance(row: dict, vocab: list[str]) -> str:
     return " ".join(words).replace(" ##", "##")
 
 
-def summary(corpus_dir: str | Path, num_examples: int = 3) -> str:
-    """The text `bertpipe corpus inspect` prints."""
+def summary(corpus_dir: str | Path, num_examples: int = 3, verify: bool = False) -> str:
+    """The text `bertpipe corpus inspect` prints; `verify` first checks every shard's sha256."""
     corpus_dir = Path(corpus_dir)
     manifest = read_manifest(corpus_dir)
+    if verify:
+        verify_shards(corpus_dir, manifest)
     vocab = (corpus_dir / manifest["vocab_file"]).read_text(encoding="utf-8").split("\n")
     lines = [
         f"corpus {corpus_dir}",
@@ -46,6 +48,7 @@ def summary(corpus_dir: str | Path, num_examples: int = 3) -> str:
         f"whole_word_mask {manifest['whole_word_mask']}  lowercase {manifest['lowercase']}",
         f"  vocab {manifest['vocab_size']} tokens (sha256 {manifest['vocab_sha256'][:12]}...)",
         f"  instances {manifest['num_instances']}",
+        *([f"  verified: all {len(manifest['shards'])} shards match their sha256 in manifest.json"] if verify else []),
         "",
         f"  {'shard':<32} {'split':<8} {'instances':>10}  sha256",
     ]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,11 @@ def read_manifest(corpus_dir: str | Path) -> dict[str, Any]:
     path = Path(corpus_dir) / "manifest.json"
     if not path.is_file():
         raise ValueError(f"{corpus_dir} has no manifest.json; pass a directory written by `bertpipe corpus --out`")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); the corpus is damaged or unfinished, rebuild it") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path} is not a bertpipe corpus manifest (format {manifest.get('format')!r}, version "
                          f"{manifest.get('format_version')!r}; expected {FORMAT!r} version {FORMAT_VERSION}); "
                          "rebuild the corpus")
@@ -35,3 +40,25 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def verify_shards(corpus_dir: str | Path, manifest: dict[str, Any], threads: int | None = None) -> None:
+    """Every shard listed in the manifest exists and has its recorded sha256; else a ValueError naming it.
+
+    Shards are hashed in parallel threads (hashlib releases the GIL on large reads), so verifying is
+    bounded by disk speed: see bench/shard_verify.py and docs/PERFORMANCE.md.
+    """
+    corpus_dir = Path(corpus_dir)
+    shards = manifest["shards"]
+    for shard in shards:
+        if not (corpus_dir / shard["path"]).is_file():
+            raise ValueError(f"shard {corpus_dir / shard['path']} listed in manifest.json is missing; "
+                             "the corpus is incomplete, rebuild it")
+    workers = threads or min(8, os.cpu_count() or 1, max(1, len(shards)))
+    with ThreadPoolExecutor(workers) as pool:
+        digests = list(pool.map(lambda s: sha256_file(corpus_dir / s["path"]), shards))
+    for shard, digest in zip(shards, digests):
+        if digest != shard["sha256"]:
+            raise ValueError(f"shard {corpus_dir / shard['path']} is damaged: its sha256 is not the one in "
+                             "manifest.json (truncated or changed after it was written); rebuild the corpus "
+                             "or restore that file")

@@ -1,7 +1,7 @@
 """Build a sharded, masked, NSP-paired Arrow corpus with Apache Beam; or `inspect DIR` one.
 
   bertpipe corpus --input PATH [PATH ...] (--vocab VOCAB.txt | --train-vocab-size N) --out DIR [--KEY VALUE ...]
-  bertpipe corpus inspect DIR
+  bertpipe corpus inspect DIR [--verify]
 
 Inputs: files, directories (recursive; hidden, *.json, *.part, checksum files skipped) and globs on
 any Beam filesystem; gzip/bz2 (multistream too) are read transparently. Formats: MediaWiki XML
@@ -67,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner", default=None,
                         help="Beam runner (default FnApiRunner, local); other Beam options pass through as --name=value")
     parser.add_argument("--examples", type=int, default=3, help="decoded instances `inspect` shows (default: 3)")
+    parser.add_argument("--verify", action="store_true",
+                        help="`inspect`: check every shard against its sha256 in manifest.json (default: off)")
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -75,7 +77,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if len(args.action) != 2:
         raise CliError("usage: bertpipe corpus inspect DIR")
     try:
-        print(summary(args.action[1], args.examples))
+        print(summary(args.action[1], args.examples, verify=args.verify))
     except ValueError as err:
         raise CliError(str(err)) from err
     return 0

@@ -29,7 +29,7 @@ from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_pe
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import build_scheduler
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
-from pipeline.manifest import read_manifest, sha256_file
+from pipeline.manifest import read_manifest, sha256_file, verify_shards
 from pipeline.masking import derive_seed
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,15 @@ def preflight(cfg: PretrainConfig, data_dir: Path, *, world_size: int, device_ty
                          f"{bert_cfg.max_position_embeddings} positions; raise model.fields.max_position_embeddings "
                          f"or rebuild the corpus with a shorter --seq-len")
     train = sum(s["num_instances"] for s in manifest["shards"] if s.get("split", "train") == "train")
+    if train == 0:
+        raise ValueError(f"the corpus {data_dir} has no training instances (its manifest.json counters say what "
+                         "was skipped and why); rebuild it from more input")
     if train < cfg.data.global_batch_size:
-        raise ValueError(f"the corpus has {train} training instances, fewer than one global batch "
-                         f"({cfg.data.global_batch_size}); lower data.global_batch_size")
+        raise ValueError(f"the corpus {data_dir} is too small: {train} training instances, fewer than one global "
+                         f"batch ({cfg.data.global_batch_size}); build it from more input (or a higher "
+                         f"--dupe-factor), or lower data.global_batch_size")
+    # Last, as it reads every shard: a damaged shard is named here, not found by rank 0 mid-run.
+    verify_shards(data_dir, manifest)
     return bert_cfg
 
 

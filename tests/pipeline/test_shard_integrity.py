@@ -1,0 +1,59 @@
+"""A damaged shard is named before anything reads it: `corpus inspect --verify` and `pretrain` (issue 11)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from launch import cli
+
+
+@pytest.fixture
+def damaged(tmp_path, small_corpus):
+    """`damage(kind) -> (corpus dir, shard path)`: a copy of the real corpus with one shard flipped or cut."""
+
+    def damage(kind: str):
+        corpus = tmp_path / kind
+        shutil.copytree(small_corpus, corpus)
+        shard = corpus / json.loads((corpus / "manifest.json").read_text())["shards"][0]["path"]
+        data = bytearray(shard.read_bytes())
+        if kind == "flipped":
+            data[len(data) // 2] ^= 0x01  # one bit, in the middle of the record batches
+        else:
+            data = data[: len(data) - 100]
+        shard.write_bytes(bytes(data))
+        return corpus, shard
+
+    return damage
+
+
+def _refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["flipped", "truncated"])
+def test_inspect_verify_and_pretrain_name_the_damaged_shard(kind, damaged, tmp_path, capsys):
+    corpus, shard = damaged(kind)
+    err = _refused(["corpus", "inspect", str(corpus), "--verify"], capsys)
+    assert f"shard {shard} is damaged" in err and err.count("\n") == 1
+    err = _refused(["pretrain", "--config", "tiny", "--data", str(corpus), "--out", str(tmp_path / "run")], capsys)
+    assert f"shard {shard} is damaged" in err and err.count("\n") == 1
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_inspect_verify_passes_on_an_intact_corpus(small_corpus, capsys):
+    assert cli.main(["corpus", "inspect", str(small_corpus), "--verify", "--examples", "0"]) == 0
+    assert "verified: all" in capsys.readouterr().out
+
+
+def test_garbage_manifest_names_its_file(tmp_path, small_corpus, capsys):
+    corpus = tmp_path / "c"
+    shutil.copytree(small_corpus, corpus)
+    (corpus / "manifest.json").write_text("{not json")
+    err = _refused(["corpus", "inspect", str(corpus)], capsys)
+    assert f"{corpus / 'manifest.json'} is not valid JSON" in err
