@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from pipeline.corpus_info import CorpusInfo, open_corpus
 from pipeline.loader_order import EpochPermutation
-from pipeline.manifest import read_manifest
 from pipeline.masking import MaskingVocab, derive_seed, mask_tokens
 
 log = logging.getLogger(__name__)
@@ -48,20 +48,20 @@ class _Block:
 
 
 class ShardedSplit:
-    """All shards of one split (`train` or `heldout`) of a corpus directory, memory-mapped.
+    """All shards of one split (`train` or `heldout`) of a corpus, memory-mapped.
 
-    Sample ids number the split's instances in manifest shard order.
+    `corpus` is a `CorpusInfo` read once by the caller (a directory is opened here). Sample ids
+    number the split's instances in manifest shard order.
     """
 
-    def __init__(self, corpus_dir: str | Path, split: str = "train") -> None:
-        self.dir = Path(corpus_dir)
-        self.manifest = read_manifest(self.dir)
+    def __init__(self, corpus: CorpusInfo | str | Path, split: str = "train") -> None:
+        self.corpus = corpus if isinstance(corpus, CorpusInfo) else open_corpus(corpus)
+        self.dir = self.corpus.dir
+        self.manifest = self.corpus.manifest
         self.split = split
         self._blocks: list[_Block] = []
         self._maps: list[pa.MemoryMappedFile] = []
-        for shard in self.manifest["shards"]:
-            if shard.get("split", "train") != split:
-                continue
+        for shard in self.corpus.shards(split):
             path = self.dir / shard["path"]
             if path.suffix != ".arrow":
                 raise ValueError(f"{path}: the loader reads Arrow IPC shards; rebuild the corpus with --shard-format arrow")
@@ -121,9 +121,9 @@ class Collator:
     def __init__(self, manifest: dict[str, Any], vocab: MaskingVocab | None = None, seed: int = 0) -> None:
         self.vocab = vocab
         self.seed = seed
-        self.masked_lm_prob = float(manifest.get("masked_lm_prob", 0.15))
-        self.max_predictions = int(manifest.get("max_predictions", 20))
-        self.whole_word_mask = bool(manifest.get("whole_word_mask", False))
+        self.masked_lm_prob = float(manifest["masked_lm_prob"])  # keys checked by `open_corpus`
+        self.max_predictions = int(manifest["max_predictions"])
+        self.whole_word_mask = bool(manifest["whole_word_mask"])
         # One generator re-keyed per sample: building a fresh PCG64 through SeedSequence costs ~20 us,
         # as much as collating a sample; setting the state of an existing one costs ~3 us.
         self._rng = np.random.Generator(np.random.PCG64(0))
@@ -297,18 +297,11 @@ class PretrainLoader:
         dynamic_masking: bool = False,
         prefetch: int = 4,
     ) -> None:
-        if global_batch_size % (micro_batch_size * world_size):
-            raise ValueError(
-                f"global batch {global_batch_size} is not a multiple of micro batch {micro_batch_size} "
-                f"x world size {world_size}"
-            )
+        # The caller validated the sizes (`launch.pretrain.pretrain_config.validate` says what to change).
+        assert global_batch_size % (micro_batch_size * world_size) == 0, "global batch = micro x accumulation x world"
+        split.corpus.check_fits(global_batch_size, split.split)
         n = len(split)
         self.epoch_size = (n // global_batch_size) * global_batch_size
-        if self.epoch_size == 0:
-            raise ValueError(
-                f"the {split.split} split has {n} samples, fewer than one global batch ({global_batch_size}); "
-                f"lower data.global_batch_size or build a bigger corpus"
-            )
         if n > self.epoch_size and position == 0 and rank == 0:
             log.info("each epoch uses %d of %d samples (the last %d do not fill a global batch)",
                      self.epoch_size, n, n - self.epoch_size)
@@ -319,8 +312,7 @@ class PretrainLoader:
         self.world = world_size
         self.position = position
         self.prefetch = prefetch
-        vocab = MaskingVocab.from_vocab_file(split.dir / split.manifest.get("vocab_file", "vocab.txt")) \
-            if dynamic_masking else None
+        vocab = split.corpus.vocab.masking() if dynamic_masking else None
         self.collate = Collator(split.manifest, vocab, seed)
         self._perms: dict[int, EpochPermutation] = {}
 

@@ -28,8 +28,9 @@ from launch.pretrain.launcher import free_port
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import build_scheduler
+from pipeline.corpus_info import CorpusInfo, open_corpus
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
-from pipeline.manifest import read_manifest, sha256_file, verify_shards
+from pipeline.manifest import sha256_file, verify_shards
 from pipeline.masking import derive_seed
 
 log = logging.getLogger(__name__)
@@ -66,23 +67,20 @@ def _dotted(tree: dict[str, Any], key: str) -> Any:
     return tree
 
 
-def preflight(cfg: PretrainConfig, data_dir: Path, *, world_size: int, device_type: str) -> Any:
-    """Everything that can be refused before any process starts; returns the model's BertConfig."""
+def preflight(cfg: PretrainConfig, corpus: CorpusInfo | Path, *, world_size: int,
+              device_type: str) -> tuple[Any, int]:
+    """Everything that can be refused before any process starts, each checked once here (the corpus
+    directory itself by `open_corpus`); returns the model's BertConfig and the gradient accumulation."""
     from model import BertConfig
 
-    validate(cfg, world_size=world_size, device_type=device_type)
-    manifest = read_manifest(data_dir)
-    vocab_file = Path(data_dir) / manifest.get("vocab_file", "vocab.txt")
-    if not vocab_file.is_file():
-        raise ValueError(f"{vocab_file} is missing; the corpus directory must hold the vocabulary it was built with")
-    if manifest.get("vocab_sha256") and sha256_file(vocab_file) != manifest["vocab_sha256"]:
-        raise ValueError(f"{vocab_file} is not the vocabulary the shards were built with (sha256 differs from "
-                         f"manifest.json's vocab_sha256); restore the corpus's own vocab.txt or rebuild the corpus")
-    corpus_vocab = int(manifest["vocab_size"])
+    grad_accum = validate(cfg, world_size=world_size, device_type=device_type)
+    corpus = corpus if isinstance(corpus, CorpusInfo) else open_corpus(corpus)
+    data_dir, manifest = corpus.dir, corpus.manifest
+    corpus_vocab = corpus.vocab.size
     vocab_size = cfg.model.vocab_size or corpus_vocab
     if vocab_size < corpus_vocab:
         raise ValueError(f"model.vocab_size={vocab_size} is smaller than the corpus vocabulary ({corpus_vocab} "
-                         f"tokens, {vocab_file}); set model.vocab_size=null to take the corpus's")
+                         f"tokens, {corpus.vocab_file}); set model.vocab_size=null to take the corpus's")
     try:
         bert_cfg = BertConfig.preset(cfg.model.preset, vocab_size=vocab_size, **cfg.model.fields)
     except TypeError as err:
@@ -91,17 +89,14 @@ def preflight(cfg: PretrainConfig, data_dir: Path, *, world_size: int, device_ty
         raise ValueError(f"the corpus has seq_len {manifest['seq_len']} but the model has only "
                          f"{bert_cfg.max_position_embeddings} positions; raise model.fields.max_position_embeddings "
                          f"or rebuild the corpus with a shorter --seq-len")
-    train = sum(s["num_instances"] for s in manifest["shards"] if s.get("split", "train") == "train")
+    train = corpus.num_instances("train")
     if train == 0:
         raise ValueError(f"the corpus {data_dir} has no training instances (its manifest.json counters say what "
                          "was skipped and why); rebuild it from more input")
-    if train < cfg.data.global_batch_size:
-        raise ValueError(f"the corpus {data_dir} is too small: {train} training instances, fewer than one global "
-                         f"batch ({cfg.data.global_batch_size}); build it from more input (or a higher "
-                         f"--dupe-factor), or lower data.global_batch_size")
+    corpus.check_fits(cfg.data.global_batch_size)
     # Last, as it reads every shard: a damaged shard is named here, not found by rank 0 mid-run.
     verify_shards(data_dir, manifest)
-    return bert_cfg
+    return bert_cfg, grad_accum
 
 
 class Trainer:
@@ -130,14 +125,13 @@ class Trainer:
         self.device = torch.device(accel.device_name(int(os.environ.get("LOCAL_RANK", 0))))
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.grad_accum = validate(cfg, world_size=self.world, device_type=self.device.type)
+        corpus = self.corpus = open_corpus(self.data_dir)  # read and validated once per process
+        manifest = self.manifest = corpus.manifest
+        self.manifest_sha256 = corpus.manifest_sha256
+        self.vocab_file = corpus.vocab_file
+        bert_cfg, self.grad_accum = preflight(cfg, corpus, world_size=self.world, device_type=self.device.type)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
-
-        manifest = self.manifest = read_manifest(self.data_dir)
-        self.manifest_sha256 = sha256_file(self.data_dir / "manifest.json")
-        self.vocab_file = self.data_dir / manifest.get("vocab_file", "vocab.txt")
-        bert_cfg = preflight(cfg, self.data_dir, world_size=self.world, device_type=self.device.type)
 
         meta = self._resume_meta()
         torch.manual_seed(cfg.seed)  # identical init on every rank
@@ -180,8 +174,8 @@ class Trainer:
 
         if meta is not None:
             self._load(meta)
-        self.train_split = ShardedSplit(self.data_dir, "train")
-        self.heldout = ShardedSplit(self.data_dir, "heldout")
+        self.train_split = ShardedSplit(corpus, "train")
+        self.heldout = ShardedSplit(corpus, "heldout")
         self.loader = PretrainLoader(
             self.train_split, seed=cfg.data.seed, micro_batch_size=cfg.data.micro_batch_size,
             global_batch_size=cfg.data.global_batch_size, rank=self.rank, world_size=self.world,
@@ -224,7 +218,7 @@ class Trainer:
             # from here on follows the new curve, not the one the checkpoint was trained on.
             log.warning("schedule differs from the checkpoint's (%s there, %s now): from step %d the lr follows "
                         "the new schedule", meta["config"].get("schedule"), mine["schedule"], meta["step"])
-        if meta["manifest_sha256"] != sha256_file(self.data_dir / "manifest.json"):
+        if meta["manifest_sha256"] != self.corpus.manifest_sha256:
             raise ValueError(f"--data {self.data_dir} is not the corpus this run was trained on (manifest sha256 "
                              f"differs); pass the original corpus directory")
         meta["tag"] = tag

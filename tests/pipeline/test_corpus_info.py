@@ -1,0 +1,60 @@
+"""`open_corpus`: a corpus directory read and validated once, then passed to the loader."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from pipeline.corpus_info import open_corpus
+from pipeline.loader import PretrainLoader, ShardedSplit
+
+
+@pytest.fixture
+def corpus_copy(small_corpus, tmp_path):
+    out = tmp_path / "c"
+    shutil.copytree(small_corpus, out)
+    return out
+
+
+def test_the_loader_reads_nothing_the_corpus_info_already_holds(corpus_copy):
+    corpus = open_corpus(corpus_copy)
+    assert corpus.vocab.size == corpus.manifest["vocab_size"] == 30522 and corpus.vocab.lowercase is True
+    assert corpus.num_instances("train") + corpus.num_instances("heldout") == corpus.manifest["num_instances"]
+    # Neither the manifest nor the vocabulary is read again: the splits and dynamic masking use the object.
+    (corpus_copy / "manifest.json").unlink()
+    (corpus_copy / "vocab.txt").unlink()
+    train = ShardedSplit(corpus, "train")
+    assert len(train) == corpus.num_instances("train") and train.manifest is corpus.manifest
+    loader = PretrainLoader(train, seed=1, micro_batch_size=4, global_batch_size=8, dynamic_masking=True, prefetch=0)
+    batch, position = next(iter(loader))
+    assert position == 4 and batch["input_ids"].shape[0] == 4
+    with pytest.raises(ValueError, match="no manifest.json"):
+        ShardedSplit(corpus_copy, "train")  # a directory is opened (and validated) here instead
+
+
+def _edit_manifest(path, **changes):
+    m = json.loads((path / "manifest.json").read_text())
+    m.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        del m[key]
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+def test_bad_corpus_directories_are_refused_with_the_fix(corpus_copy):
+    _edit_manifest(corpus_copy, vocab_size=30000)
+    with pytest.raises(ValueError, match="has 30522 tokens but manifest.json says vocab_size 30000"):
+        open_corpus(corpus_copy)
+    _edit_manifest(corpus_copy, vocab_size=30522, masked_lm_prob=None)
+    with pytest.raises(ValueError, match="lacks masked_lm_prob; rebuild the corpus"):
+        open_corpus(corpus_copy)
+    _edit_manifest(corpus_copy, masked_lm_prob=0.15)
+    corpus = open_corpus(corpus_copy)
+    n = corpus.num_instances("train")
+    corpus.check_fits(n)
+    with pytest.raises(ValueError, match=f"too small: {n} train instances, fewer than one global batch"):
+        corpus.check_fits(n + 1)
+    (corpus_copy / "vocab.txt").unlink()
+    with pytest.raises(ValueError, match="vocab.txt is missing"):
+        open_corpus(corpus_copy)
