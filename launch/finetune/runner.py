@@ -26,6 +26,7 @@ from launch.finetune.examples import DataError
 from launch.finetune.encoding import LengthGroupedBatches
 from launch.finetune.kinds import Task, TaskData
 from launch.finetune.tasks import get_task
+from launch.pretrain.optimizers import param_groups
 from pipeline.vocab import Vocab
 
 logger = logging.getLogger(__name__)
@@ -66,12 +67,8 @@ def _device(cfg: FinetuneConfig) -> torch.device:
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """No weight decay on biases and LayerNorm weights (as the BERT reference optimizer)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """No weight decay on biases and LayerNorm weights: pre-training's rule (`param_groups`), one home."""
+    return [{k: v for k, v in g.items() if k != "layer_adaptation"} for g in param_groups(model, weight_decay)]
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:

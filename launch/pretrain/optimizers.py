@@ -88,52 +88,25 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # Pass 1: Adam moments and the raw update u (stored in place of the bias-corrected ratio).
-        work: list[tuple[dict, torch.Tensor, torch.Tensor]] = []
-        device = None
+        # Multi-tensor (torch._foreach_*) throughout: a handful of kernels per group and per flat
+        # partition instead of several per parameter and per segment (~2,000 launches on BERT-Large).
+        # Each foreach op is the per-tensor op of the textbook loop, so the numbers are the same.
+        work: list[tuple[dict, list[torch.Tensor], list[torch.Tensor]]] = []
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Lamb does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                step = float(state["step"])
-                grad = p.grad.to(p.dtype)
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bias1 = 1 - beta1**step
-                bias2 = 1 - beta2**step
-                update = (exp_avg / bias1) / ((exp_avg_sq / bias2).sqrt_().add_(group["eps"]))
-                if group["weight_decay"]:
-                    update.add_(p, alpha=group["weight_decay"])
-                work.append((group, p, update))
-                device = p.device
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                work.append((group, params, self._adam_updates(group, params)))
+        tensors = [p for _, params, _ in work for p in params]
+        updates = [u for _, _, us in work for u in us]
+        plan = self._plan(tensors)
+        device = tensors[0].device if tensors else "cpu"
 
-        # Pass 2: per-parameter squared norms of w and u, reduced across the partitions.
-        sq = torch.zeros(2, self._num_params, dtype=torch.float32, device=device or "cpu")
-        index: list[int] = []
-        w_views: list[torch.Tensor] = []
-        u_views: list[torch.Tensor] = []
-        for _, p, update in work:
-            if id(p) not in self._segments:
-                raise RuntimeError("LAMB was handed a tensor it cannot map to a model parameter; with DeepSpeed, "
-                                   "call attach_zero_partitioning() after deepspeed.initialize")
-            _, segments = self._segments[id(p)]
-            flat_p, flat_u = p.reshape(-1), update.reshape(-1)
-            for seg in segments:
-                index.append(seg.param_index)
-                w_views.append(flat_p.narrow(0, seg.start, seg.numel).float())
-                u_views.append(flat_u.narrow(0, seg.start, seg.numel).float())
-        if index:
-            where = torch.tensor(index, device=sq.device)
+        # Per-parameter squared norms of w and u, summed over segments and then over the partitions.
+        sq = torch.zeros(2, self._num_params, dtype=torch.float32, device=device)
+        if plan.views:
+            w_views = [tensors[i].reshape(-1).narrow(0, seg.start, seg.numel).float() for i, seg in plan.views]
+            u_views = [updates[i].reshape(-1).narrow(0, seg.start, seg.numel).float() for i, seg in plan.views]
+            where = plan.index_tensor("where", [seg.param_index for _, seg in plan.views], device)
             sq[0].index_add_(0, where, torch.stack(torch._foreach_norm(w_views)).pow(2))
             sq[1].index_add_(0, where, torch.stack(torch._foreach_norm(u_views)).pow(2))
         if self._partitioned and dist.is_available() and dist.is_initialized():
@@ -148,35 +121,139 @@ class Lamb(torch.optim.Optimizer):
                 dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self._group)
         w_norm, u_norm = sq.sqrt()
         self.last_norms = (w_norm, u_norm)  # per-parameter ||w||, ||u|| of the last step (for diagnostics)
+        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
 
-        # Pass 3: apply lr * trust * u segment by segment.
-        for group, p, update in work:
-            _, segments = self._segments[id(p)]
-            flat_p, flat_u = p.view(-1), update.view(-1)
-            for seg in segments:  # each segment is one parameter's slice (or all of it)
-                trust = 1.0
-                if group["layer_adaptation"]:
-                    wn, un = w_norm[seg.param_index], u_norm[seg.param_index]
-                    trust_t = torch.where((wn > 0) & (un > 0), wn / un, torch.ones_like(wn))
-                    if group["max_trust_ratio"] is not None:
-                        trust_t = trust_t.clamp(max=group["max_trust_ratio"])
-                    trust = trust_t
-                flat_p.narrow(0, seg.start, seg.numel).add_(
-                    flat_u.narrow(0, seg.start, seg.numel) * trust, alpha=-group["lr"]
-                )
+        # lr * trust * u: each tensor's update scaled by its parameter's trust ratio (a per-element
+        # scale for flat partitions holding several parameters; 0 where no parameter lies).
+        offset = 0
+        for group, params, group_updates in work:
+            trust = torch.ones_like(ratio)
+            if group["layer_adaptation"]:
+                trust = ratio if group["max_trust_ratio"] is None else ratio.clamp(max=group["max_trust_ratio"])
+            trust = torch.cat([trust, trust.new_zeros(1)])  # index num_params: outside every parameter
+            singles = [j for j in range(len(params)) if plan.single[offset + j] is not None]
+            if singles:
+                index = plan.index_tensor(("single", offset), [plan.single[offset + j] for j in singles], device)
+                torch._foreach_mul_([group_updates[j] for j in singles], list(trust[index].unbind()))
+            for j in range(len(params)):
+                runs = plan.runs[offset + j]
+                if runs is not None:
+                    index = plan.index_tensor(("runs", offset + j), runs[0], device)
+                    counts = plan.index_tensor(("counts", offset + j), runs[1], device)
+                    scale = torch.repeat_interleave(trust[index], counts, output_size=params[j].numel())
+                    group_updates[j].view(-1).mul_(scale)
+            torch._foreach_add_(params, group_updates, alpha=-group["lr"])
+            offset += len(params)
         return loss
+
+    def _adam_updates(self, group: dict, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Adam moments (in place) and the bias-corrected ratio plus decoupled decay, u, per tensor."""
+        beta1, beta2 = group["betas"]
+        grads, exp_avgs, exp_avg_sqs, bias1, bias2 = [], [], [], [], []
+        for p in params:
+            if p.grad.is_sparse:
+                raise RuntimeError("Lamb does not support sparse gradients")
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1  # a CPU scalar: reading it below costs no device sync
+            step = float(state["step"])
+            grads.append(p.grad if p.grad.dtype == p.dtype else p.grad.to(p.dtype))
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            bias1.append(1 - beta1**step)
+            bias2.append(1 - beta2**step)
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        updates = torch._foreach_div(exp_avgs, bias1)
+        denom = torch._foreach_div(exp_avg_sqs, bias2)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, group["eps"])
+        torch._foreach_div_(updates, denom)
+        if group["weight_decay"]:
+            torch._foreach_add_(updates, params, alpha=group["weight_decay"])
+        return list(updates)
+
+    def _plan(self, tensors: list[torch.Tensor]) -> "_Plan":
+        """How this step's tensors map onto parameters: static once partitioned, so built once."""
+        key = tuple(id(t) for t in tensors)
+        if getattr(self, "_plan_cache", None) is None or self._plan_cache.key != key:
+            for t in tensors:
+                if id(t) not in self._segments:
+                    raise RuntimeError("LAMB was handed a tensor it cannot map to a model parameter; with "
+                                       "DeepSpeed, call attach_zero_partitioning() after deepspeed.initialize")
+            self._plan_cache = _Plan(key, [self._segments[id(t)][1] for t in tensors],
+                                     [t.numel() for t in tensors], self._num_params)
+        return self._plan_cache
+
+
+class _Plan:
+    """Index tensors for one LAMB step's tensors, made once and kept on the device.
+
+    views:  (tensor position, segment) for every segment, in order.
+    single: per tensor, its parameter index when one segment covers the whole tensor, else None.
+    runs:   per other tensor, (value index per run, run lengths) covering it end to end, where a
+            run is a segment (its parameter index) or a gap between segments (index `num_params`).
+    """
+
+    def __init__(self, key: tuple[int, ...], segments: list[list[Segment]], numels: list[int], num_params: int):
+        self.key = key
+        self.views = [(i, seg) for i, segs in enumerate(segments) for seg in segs]
+        self.single: list[int | None] = []
+        self.runs: list[tuple[list[int], list[int]] | None] = []
+        for segs, numel in zip(segments, numels):
+            if len(segs) == 1 and segs[0].start == 0 and segs[0].numel == numel:
+                self.single.append(segs[0].param_index)
+                self.runs.append(None)
+                continue
+            index, counts, at = [], [], 0
+            for seg in sorted(segs, key=lambda s: s.start):
+                if seg.start > at:
+                    index.append(num_params)
+                    counts.append(seg.start - at)
+                index.append(seg.param_index)
+                counts.append(seg.numel)
+                at = seg.start + seg.numel
+            if at < numel:
+                index.append(num_params)
+                counts.append(numel - at)
+            self.single.append(None)
+            self.runs.append((index, counts))
+        self._tensors: dict[Any, torch.Tensor] = {}
+
+    def index_tensor(self, name: Any, values: list[int], device: Any) -> torch.Tensor:
+        if name not in self._tensors:
+            self._tensors[name] = torch.tensor(values, dtype=torch.long, device=device)
+        return self._tensors[name]
+
+
+def no_decay(module: torch.nn.Module, local_name: str) -> bool:
+    """The one weight-decay rule (google-research/bert's `exclude_from_weight_decay`): biases and
+    LayerNorm parameters do not decay. Read from the module type and the parameter's own name, so that
+    it holds whatever the modules are called (`norm` here, `LayerNorm` in transformers)."""
+    return local_name == "bias" or isinstance(module, torch.nn.LayerNorm)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weights decay; biases and LayerNorm parameters neither decay nor get a trust ratio."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.dim() < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith("bias") else decay).append(p)
+    """[decaying weights, biases and LayerNorm]; the second group neither decays nor gets a LAMB trust
+    ratio (`layer_adaptation`, which optimizers other than `Lamb` ignore). Used by pre-training and
+    fine-tuning alike. A parameter shared by two modules (the tied MLM decoder) appears once."""
+    decay: list[torch.nn.Parameter] = []
+    spared: list[torch.nn.Parameter] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        for local_name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            (spared if no_decay(module, local_name) else decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0, "layer_adaptation": False},
+        {"params": spared, "weight_decay": 0.0, "layer_adaptation": False},
     ]
 
 
