@@ -1,17 +1,34 @@
-"""Checkpoint resolution and the vocabulary checks every fine-tuning run makes before training.
+"""What a checkpoint directory is: the one home of that fact, torch-free at import.
 
-A `--checkpoint` is one of our pre-training RUN directories (resolved to an HF directory by
-`launch.pretrain.hf_export.resolve_checkpoint`, which consolidates ZeRO shards) or an HF-format directory. The
-tokenizer is built from the checkpoint's own `vocab.txt`, so the ids always match the embedding
-rows; a user-supplied `--vocab` must be the same vocabulary, else the run stops before training.
+Everything that takes a checkpoint (`features`, `finetune`, `sweep`, `pretrain`'s
+`checkpoint.init_from`, `export`) goes through `resolve_checkpoint(path)`, which accepts:
+- a Hugging Face directory: `config.json` and `model.safetensors`, a sharded
+  `model.safetensors.index.json` with its shards, or `pytorch_model.bin` (read as tensors only,
+  `model.hf.load_torch_file`);
+- a bertpipe RUN directory (`bertpipe pretrain --out RUN`): `RUN/checkpoints/global_step<N>/`, each
+  with `bertpipe.json` (step, config, and the size and sha256 of every other file in the folder),
+  and `RUN/checkpoints/latest`. It resolves to the export of its newest verified checkpoint,
+  cached in `RUN/export/<tag>/` (DeepSpeed is imported only then).
+
+`select_checkpoint(ckpt_dir)` is how `--resume`, `export` and the resolution pick a checkpoint: the
+newest whose files match the sizes and sha256s recorded at save (each one skipped is named, with
+why, in one log line), whose `.pt` files then hold nothing but tensors, plain values and the few
+DeepSpeed classes in `DEEPSPEED_SAFE_GLOBALS` (`launch.pretrain.hf_export`; else it is refused: a file that could run code is
+never loaded, and never silently passed over). A missing `latest` is no reason to start again.
+
+Fine-tuning: `open_checkpoint` also checks the vocabulary. The tokenizer is built from the
+checkpoint's own `vocab.txt`, so the ids always match the embedding rows; a user-supplied `--vocab`
+must be the same vocabulary, else the run stops before training.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launch.finetune.examples import DataError
 from pipeline.manifest import sha256_file
@@ -20,6 +37,236 @@ from pipeline.vocab import build_tokenizer, check_embedding_rows, declared_lower
 logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+META = "bertpipe.json"  # our metadata in each checkpoint folder
+EXPORT_MARKER = "bertpipe_export.json"  # in an export: proves bertpipe wrote it, from which run, which files
+_TAG = re.compile(r"^global_step(\d+)$")
+
+
+def tag_for(step: int) -> str:
+    return f"global_step{step}"
+
+
+def tag_step(tag: str) -> int | None:
+    m = _TAG.match(tag)
+    return int(m.group(1)) if m else None
+
+
+def is_hf_dir(path: Path) -> bool:
+    """`config.json` and weights: single or sharded safetensors, or pytorch_model.bin."""
+    return (path / "config.json").is_file() and any((path / w).is_file() for w in WEIGHT_FILES)
+
+
+def checkpoint_tags(ckpt_dir: Path) -> list[str]:
+    """The `global_step<N>` folders of RUN/checkpoints, newest first (complete or not)."""
+    if not ckpt_dir.is_dir():
+        return []
+    tags = [p.name for p in ckpt_dir.iterdir() if p.is_dir() and tag_step(p.name) is not None]
+    return sorted(tags, key=tag_step, reverse=True)
+
+
+def is_run_dir(path: Path) -> bool:
+    ckpt_dir = path / "checkpoints"
+    return (ckpt_dir / "latest").is_file() or bool(checkpoint_tags(ckpt_dir))
+
+
+def read_latest(ckpt_dir: Path) -> str | None:
+    """The tag `checkpoints/latest` names (None without one): a hint; `select_checkpoint` decides."""
+    latest = ckpt_dir / "latest"
+    return latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
+
+
+def read_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:
+    path = ckpt_dir / tag / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path} is missing (the save did not finish)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); the checkpoint's metadata is damaged") from None
+    if not isinstance(meta, dict) or "step" not in meta:
+        raise ValueError(f"{path} is not bertpipe checkpoint metadata (no step)")
+    return meta
+
+
+def file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file under `folder` but the metadata itself, for `bertpipe.json`."""
+    return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != META}
+
+
+def verify_checkpoint(ckpt_dir: Path, tag: str) -> str | None:
+    """Why checkpoint `tag` is incomplete or damaged, or None when every recorded file is intact."""
+    try:
+        meta = read_meta(ckpt_dir, tag)
+    except ValueError as err:
+        return str(err)
+    folder = ckpt_dir / tag
+    for name, record in meta.get("files", {}).items():  # older checkpoints recorded none
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != record["size"]:
+            return (f"{path} has {path.stat().st_size} bytes, {META} recorded {record['size']} "
+                    f"(cut short or changed)")
+        if sha256_file(path) != record["sha256"]:
+            return f"{path} does not match the sha256 {META} recorded (damaged or changed)"
+    return None
+
+
+def check_tensor_files(folder: Path) -> None:
+    """Refuse, naming the file, a `.pt` file under `folder` whose pickle could run code."""
+    from launch.pretrain.hf_export import DEEPSPEED_SAFE_GLOBALS
+    from model.hf import check_torch_file
+
+    for path in sorted(folder.rglob("*.pt")):
+        check_torch_file(path, frozenset(DEEPSPEED_SAFE_GLOBALS))
+
+
+def select_checkpoint(ckpt_dir: Path, tag: str | None = None) -> str:
+    """The checkpoint to load: `tag` if given (it must verify), else the newest that verifies."""
+    if tag is not None:
+        if not (ckpt_dir / tag).is_dir():
+            raise ValueError(f"no checkpoint {tag!r} in {ckpt_dir}; available: "
+                             f"{', '.join(checkpoint_tags(ckpt_dir)) or 'none'}")
+        reason = verify_checkpoint(ckpt_dir, tag)
+        if reason:
+            raise ValueError(f"checkpoint {ckpt_dir / tag} is damaged: {reason}")
+    else:
+        skipped = []
+        for candidate in checkpoint_tags(ckpt_dir):
+            reason = verify_checkpoint(ckpt_dir, candidate)
+            if reason is None:
+                tag = candidate
+                break
+            logger.warning("checkpoint %s skipped: %s", ckpt_dir / candidate, reason)
+            skipped.append(f"{candidate}: {reason}")
+        if tag is None:
+            raise ValueError(f"no complete checkpoint in {ckpt_dir}" + (f" ({'; '.join(skipped)})" if skipped else "")
+                             + "; restore the run directory or start a new run with another --out")
+        latest = read_latest(ckpt_dir)
+        if latest is None:
+            logger.warning("%s is missing: using the newest complete checkpoint, %s", ckpt_dir / "latest", tag)
+        elif latest != tag and not skipped:  # saved, but the run stopped before `latest` moved
+            logger.info("%s names %s; %s is newer and complete: using it", ckpt_dir / "latest", latest, tag)
+    check_tensor_files(ckpt_dir / tag)  # never a fallback: a file that could run code is someone's doing
+    return tag
+
+
+def is_export_of(path: Path, run_dir: Path) -> bool:
+    """Whether `path` holds an export of `run_dir` written by bertpipe (its marker says so)."""
+    marker = path / EXPORT_MARKER
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("run") == str(Path(run_dir).resolve())
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """An HF-format directory for `path`: itself if it is one, else the export of a RUN's newest verified checkpoint."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"checkpoint {path} does not exist; pass a bertpipe run directory or a Hugging Face model "
+                         f"directory")
+    if is_hf_dir(path):
+        if not any((path / w).is_file() for w in WEIGHT_FILES[:2]):  # pickle weights only: refused up front
+            from model.hf import check_torch_file
+
+            check_torch_file(path / "pytorch_model.bin")
+        return path
+    if is_run_dir(path):
+        ckpt_dir = path / "checkpoints"
+        tags = checkpoint_tags(ckpt_dir)
+        cached = path / "export" / tags[0] if tags else None
+        if cached is not None and is_hf_dir(cached) and is_export_of(cached, path):
+            return cached  # exported earlier from the verified checkpoint: safetensors, nothing to re-check
+        tag = select_checkpoint(ckpt_dir)
+        cached = path / "export" / tag
+        if not (is_hf_dir(cached) and is_export_of(cached, path)):
+            export_run(path, cached, tag=tag, verified=True)
+        return cached
+    raise ValueError(f"{path} is neither a run directory of `bertpipe pretrain` (no checkpoints/) nor a Hugging Face "
+                     f"model directory (config.json and one of {', '.join(WEIGHT_FILES)}); pass one of those")
+
+
+def check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:
+    """Refuse an export `out` whose files bertpipe did not write: a non-empty directory that holds no
+    export of this run (unless `overwrite`); never, even with `overwrite`, the run directory, a folder
+    inside it other than `RUN/export/`, one of its parents, the working directory or one of its parents."""
+    run, target, cwd = run_dir.resolve(), out.resolve(), Path.cwd().resolve()
+    if target == run or target in run.parents:
+        raise ValueError(f"--out {out} is the run directory {run_dir} or one of its parents; export into a new "
+                         f"directory beside it, e.g. --out {run_dir.parent / (run_dir.name + '-hf')}")
+    if target.is_relative_to(run) and not target.is_relative_to(run / "export"):
+        raise ValueError(f"--out {out} lies inside the run directory {run_dir}; only {run_dir / 'export'}/ may hold "
+                         f"exports there")
+    if target == cwd or target in cwd.parents:
+        raise ValueError(f"--out {out} is the working directory or one of its parents; name a new directory")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; name a directory")
+    if out.is_dir() and any(out.iterdir()) and not is_export_of(out, run_dir) and not overwrite:
+        raise ValueError(f"--out {out} is not empty and holds no export of {run_dir}; choose a new or empty "
+                         f"directory, or add --overwrite to write the export's files into it (nothing else "
+                         f"there is deleted)")
+
+
+def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, overwrite: bool = False,
+               verified: bool = False) -> Path:
+    """Export checkpoint `tag` of a RUN (default: its newest verified one) as an HF directory `out`
+    (`bertpipe export`); `verified`: the caller has just chosen `tag` with `select_checkpoint`."""
+    import shutil
+    import tempfile
+
+    from launch.pretrain.hf_export import write_export
+
+    run_dir, out = Path(run_dir), Path(out)
+    if not is_run_dir(run_dir):
+        raise ValueError(f"{run_dir} has no checkpoints; pass a run directory written by `bertpipe pretrain --out`")
+    check_export_target(run_dir, out, overwrite)
+    ckpt_dir = run_dir / "checkpoints"
+    tag = tag if verified else select_checkpoint(ckpt_dir, tag)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        write_export(ckpt_dir, tag, read_meta(ckpt_dir, tag), tmp, run_dir)
+        marker = {"format": "bertpipe-export", "run": str(run_dir.resolve()), "tag": tag,
+                  "files": sorted(p.name for p in tmp.iterdir()) + [EXPORT_MARKER]}
+        (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        _place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("exported %s (%s) to %s", run_dir, tag, out)
+    return out
+
+
+def _place(tmp: Path, out: Path) -> None:
+    """Move the finished export `tmp` to `out`: whole when `out` is new or empty (so a concurrent
+    reader never sees half a model), else file by file, the marker last; of what was there, only the
+    files an earlier export's marker lists are removed."""
+    import os
+
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if not out.exists():
+        try:
+            os.replace(tmp, out)
+            return
+        except OSError:  # another process placed its export first: replace its files below
+            pass
+    try:
+        previous = json.loads((out / EXPORT_MARKER).read_text(encoding="utf-8")).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        previous = []
+    new = sorted(p.name for p in tmp.iterdir())
+    for name in [n for n in new if n != EXPORT_MARKER] + [EXPORT_MARKER]:
+        os.replace(tmp / name, out / name)
+    for name in set(previous) - set(new):
+        if "/" not in name and (out / name).is_file():
+            (out / name).unlink()
+    kept = sorted(p.name for p in out.iterdir() if p.name not in new)
+    if kept:
+        logger.warning("%s also holds %d file(s) bertpipe did not write, left as they are: %s", out, len(kept),
+                       ", ".join(kept[:5]))
 
 
 @dataclass(frozen=True)
@@ -28,18 +275,6 @@ class Checkpoint:
     vocab_file: Path
     vocab_size: int  # tokens in vocab.txt
     lowercase: bool
-
-
-def _resolve(path: Path) -> Path:
-    """Our RUN dir -> its consolidated HF dir (exported once, cached in the run); an HF dir -> itself."""
-    if (path / "config.json").is_file() and any((path / w).is_file() for w in WEIGHT_FILES):
-        return path  # what resolve_checkpoint returns too, without importing the DeepSpeed export stack
-    from launch.pretrain.hf_export import resolve_checkpoint
-
-    try:
-        return Path(resolve_checkpoint(path))
-    except ValueError as err:
-        raise DataError(f"{path} holds no BERT: {err}") from None
 
 
 def _lowercase(hf_dir: Path, vocab: list[str]) -> bool:
@@ -53,13 +288,11 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
     path = Path(path)
     if not path.is_dir():
         raise DataError(f"checkpoint {path} is not a directory; pass a bertpipe RUN directory or a Hugging Face model directory")
-    hf_dir = _resolve(path)
+    try:
+        hf_dir = resolve_checkpoint(path)
+    except ValueError as err:
+        raise DataError(str(err)) from None
     config_file = hf_dir / "config.json"
-    if not config_file.is_file() or not any((hf_dir / w).is_file() for w in WEIGHT_FILES):
-        raise DataError(
-            f"{path} holds no BERT: expected a bertpipe RUN directory (checkpoints/latest) or a Hugging Face "
-            f"directory with config.json and one of {', '.join(WEIGHT_FILES)}"
-        )
     config = json.loads(config_file.read_text(encoding="utf-8"))
     if config.get("model_type", "bert") != "bert":
         raise DataError(f"{hf_dir} holds a {config.get('model_type')!r} model, not BERT")

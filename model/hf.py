@@ -4,9 +4,9 @@ Our modules keep their own names (`encoder.layers.3.attention.qkv`); this file m
 HF's (`encoder.layer.3.attention.self.{query,key,value}`) instead of bending the model to match.
 
 Loading accepts `config.json` + `model.safetensors` (or a sharded `model.safetensors.index.json`,
-or `pytorch_model.bin` read with `weights_only=True`), tensor names with or without the `bert.`
-prefix, with or without `cls.*` / task heads: heads the checkpoint lacks are initialised and listed
-in the returned `LoadReport`. Checkpoints whose embedding matrix is padded beyond the real vocabulary
+or `pytorch_model.bin` read by `load_torch_file`, the one `torch.load`: tensors only, never code),
+tensor names with or without the `bert.` prefix, with or without `cls.*` / task heads: heads the
+checkpoint lacks are initialised and listed in the returned `LoadReport`. Checkpoints whose embedding matrix is padded beyond the real vocabulary
 (NVIDIA's 30528 rows for the 30522-token vocab) are trimmed to the size `vocab.txt` says.
 Saving writes a directory `transformers.BertForPreTraining.from_pretrained` (or the matching task
 class) loads with no missing or unexpected keys.
@@ -217,25 +217,84 @@ def ours_to_hf(state: dict[str, torch.Tensor], config: BertConfig, prefix: str =
 # ---------------------------------------------------------------------------------------- files
 
 
+_UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
+def _refusal(path: Path, globals_: list[str]) -> ValueError:
+    return ValueError(
+        f"{path}: refused to load: it references {', '.join(sorted(globals_)[:3])}, which is not a tensor or a plain "
+        f"value (unpickling it could run code); only tensor files are loaded: get this checkpoint as safetensors, "
+        f"or from a source you trust")
+
+
+def load_torch_file(path: str | Path, allowed_globals: tuple[Any, ...] = (), map_location: Any = "cpu") -> Any:
+    """The one `torch.load` of the code base: tensors and plain values only (`weights_only=True`), plus the
+    classes in `allowed_globals`; anything else is refused in one line naming the file and why."""
+    import pickle
+
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(list(allowed_globals)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        names = _UNSAFE_GLOBAL.findall(str(err))
+        if names:
+            raise _refusal(path, names) from None
+        raise ValueError(f"{path} is not a PyTorch tensor file ({str(err).splitlines()[-1][:200]})") from None
+    except (RuntimeError, OSError, EOFError) as err:
+        raise ValueError(f"{path} is truncated or not a PyTorch tensor file ({str(err).splitlines()[0][:200]})") from None
+
+
+def check_torch_file(path: str | Path, allowed_names: frozenset[str] = frozenset()) -> None:
+    """Refuse, as `load_torch_file` would, a file whose pickle names any class or function beyond tensors,
+    plain values and `allowed_names` (`module.Name`), without reading its tensors (cheap on large files)."""
+    path = Path(path)
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (ValueError, RuntimeError, OSError, KeyError) as err:
+        if not isinstance(err, ValueError):  # a zip archive cut short
+            raise ValueError(f"{path} is truncated or not a PyTorch tensor file ({str(err).splitlines()[0][:200]})") from None
+        load_torch_file(path, map_location="meta")  # not a zip archive: the legacy format, checked by loading it
+        return
+    unsafe = [name for name in found if name not in allowed_names]
+    if unsafe:
+        raise _refusal(path, unsafe)
+
+
 def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
-    """The tensors of an HF directory: safetensors (single or sharded) first, else pytorch_model.bin."""
+    """The tensors of an HF directory: safetensors (single or sharded) first, else pytorch_model.bin
+    (a pickle: read through `load_torch_file`, so a file that would run code is refused)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     single = path / "model.safetensors"
     index = path / "model.safetensors.index.json"
     binary = path / "pytorch_model.bin"
     if single.is_file():
-        return load_file(str(single)), single.name
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(str(path / f)))
-        return state, index.name
-    if binary.is_file():
-        # weights_only: a pickle from the internet must not be able to run code.
-        return torch.load(binary, map_location="cpu", weights_only=True), binary.name
-    raise ValueError(f"{path} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+        files = [single]
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{index} is not a safetensors index (no valid weight_map: {err})") from None
+        files = [path / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{index} names shards that are missing: {', '.join(missing[:5])}")
+    elif binary.is_file():
+        state = load_torch_file(binary)
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise ValueError(f"{binary} does not hold a state dict of tensors")
+        return state, binary.name
+    else:
+        raise ValueError(f"{path} has no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except SafetensorError as err:
+            raise ValueError(f"{f} is truncated or not a safetensors file ({err})") from None
+    return state, (single if single.is_file() else index).name
 
 
 def count_vocab(vocab_file: Path) -> int:

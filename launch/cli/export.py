@@ -1,6 +1,6 @@
 """Write a run's checkpoint as a Hugging Face model directory.
 
-  bertpipe export RUN --out HF_DIR [--tag global_step1000]
+  bertpipe export RUN --out HF_DIR [--tag global_step1000] [--overwrite]
 
 Consolidates the ZeRO-partitioned fp32 weights (any stage, any world size) and writes config.json,
 model.safetensors, vocab.txt, tokenizer.json, tokenizer_config.json and a model card README.md
@@ -18,16 +18,20 @@ from launch.log import setup_logging
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, help="run directory written by `bertpipe pretrain --out`")
-    parser.add_argument("--out", type=Path, required=True, help="HF model directory to write (replaced if present)")
-    parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. global_step1000 (default: latest)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="HF model directory to write: new, empty, or an earlier export of this run")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --out that is not an earlier export of this run (only the "
+                             "export's files are replaced; nothing else there is deleted)")
+    parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. global_step1000 (default: the newest verified one)")
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging()
-    from launch.pretrain.hf_export import export_run
+    from launch.checkpoint_dirs import export_run
 
     try:
-        out = export_run(args.run, args.out, tag=args.tag)
+        out = export_run(args.run, args.out, tag=args.tag, overwrite=args.overwrite)
     except ValueError as err:
         raise CliError(str(err)) from None
     print(f"exported {args.run} to {out}")

@@ -23,6 +23,7 @@ import logging
 import time
 from pathlib import Path
 
+from launch.checkpoint_dirs import resolve_checkpoint
 from launch.errors import CliError
 from launch.config import save_config
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
@@ -46,20 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser, FeaturesConfig)
 
 
-def _resolve_checkpoint(path: Path) -> Path:
-    """An HF directory as is; a `bertpipe pretrain` run through its (cached) export."""
-    if not path.exists():
-        raise CliError(f"--checkpoint {path} does not exist")
-    if (path / "config.json").is_file():
-        return path  # HF directory: no need to import the export machinery (and DeepSpeed)
-    from launch.pretrain.hf_export import resolve_checkpoint
-
-    try:
-        return Path(resolve_checkpoint(path))
-    except ValueError as err:
-        raise CliError(str(err)) from None
-
-
 def run(args: argparse.Namespace) -> int:
     setup_logging()
     from launch.finetune.feature_extraction import FeatureExtractor, read_texts, write_pooled, write_tokens
@@ -72,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.first_subtoken and cfg.pool != "none":
         raise CliError("--first-subtoken applies to per-token output only; add --pool none")
 
-    checkpoint = _resolve_checkpoint(args.checkpoint)
     try:
+        checkpoint = resolve_checkpoint(args.checkpoint)  # an HF dir, or a run's verified export
         texts = read_texts(args.input, cfg.text_field)
         extractor = FeatureExtractor(checkpoint, cfg)
     except ValueError as err:

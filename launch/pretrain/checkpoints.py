@@ -1,14 +1,20 @@
-"""Atomic, resumable checkpoints in `RUN/checkpoints/`.
+"""Atomic, verified, resumable checkpoints in `RUN/checkpoints/`, loaded without running code.
 
-Layout: `checkpoints/<tag>/` is one complete DeepSpeed checkpoint (tag = `global_step<N>`) plus
-`bertpipe.json` (our metadata: step, loader position, world size, config, corpus manifest sha256),
-`rng_rank<R>.pt` (each rank's RNG states) and `vocab.txt`; `checkpoints/latest` names the newest.
+Layout (`launch.checkpoint_dirs` is the one description of it): `checkpoints/<tag>/` is one complete
+DeepSpeed checkpoint (tag = `global_step<N>`) plus `bertpipe.json` (our metadata: step, loader
+position, world size, config, corpus manifest sha256, and `files`: the size and sha256 of every
+other file in the folder), `rng_rank<R>.pt` (each rank's RNG states, as tensors) and `vocab.txt`;
+`checkpoints/latest` names the newest.
 
 Atomicity: every rank writes into `checkpoints/.staging-<tag>/<tag>/`; after a barrier, rank 0
-writes the metadata, renames the finished folder into place, and only then replaces `latest`
-(write to a temp file, fsync, `os.replace`). A crash at any point leaves `latest` naming a complete
-checkpoint; a stale staging folder is deleted by the next save. The run directory must be on a
-filesystem all ranks share (as DeepSpeed's own resume requires).
+hashes the files, writes the metadata, renames the finished folder into place, and only then replaces
+`latest` (write to a temp file, fsync, `os.replace`). A crash at any point leaves a complete
+checkpoint behind; a stale staging folder is deleted by the next save. The run directory must be on
+a filesystem all ranks share (as DeepSpeed's own resume requires).
+
+Loading: every `.pt` file is read as tensors only (`launch.pretrain.hf_export.load_checkpoint_file`
+and `safe_deepspeed_loads`), after `launch.checkpoint_dirs.select_checkpoint` has verified the folder;
+DeepSpeed's converter to the universal format runs under the same rule.
 """
 
 from __future__ import annotations
@@ -17,54 +23,60 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
 
+from launch.checkpoint_dirs import (  # noqa: F401 (read_meta, read_latest: the names callers know)
+    META, check_tensor_files, file_records, read_latest, read_meta, tag_for, tag_step,
+)
+from launch.pretrain.hf_export import FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY, load_checkpoint_file
+
 log = logging.getLogger(__name__)
 
-META = "bertpipe.json"
-_TAG = re.compile(r"^global_step(\d+)$")
+class ReportedByRankZero(ValueError):
+    """The same user error as rank 0's, which reports it: other ranks exit with it quietly."""
 
 
-def tag_for(step: int) -> str:
-    return f"global_step{step}"
-
-
-def read_latest(ckpt_dir: Path) -> str | None:
-    """The tag `latest` names, if it names a complete checkpoint."""
-    latest = ckpt_dir / "latest"
-    if not latest.is_file():
-        return None
-    tag = latest.read_text(encoding="utf-8").strip()
-    if not (ckpt_dir / tag / META).is_file():
-        raise ValueError(f"{latest} names {tag!r}, which is not a complete checkpoint; delete {latest} "
-                         f"to resume from an older one, or start a new run")
-    return tag
-
-
-def read_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:
-    return json.loads((ckpt_dir / tag / META).read_text(encoding="utf-8"))
+def on_rank0(fn: Callable[[], Any]) -> Any:
+    """`fn()` on rank 0 alone (a check that reads every file, an export or a conversion that must not
+    run twice); its result, or its user error, reaches every rank, so that all stop together."""
+    box = [None, None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = fn()
+        except ValueError as err:
+            box[1] = str(err)
+    dist.broadcast_object_list(box, src=0)
+    if box[1] is not None:
+        raise (ValueError if dist.get_rank() == 0 else ReportedByRankZero)(box[1])
+    return box[0]
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG this process draws from, as tensors and plain numbers (loadable with weights_only)."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    assert name == "MT19937", name
+    state = {"python_version": version, "python_mt": torch.tensor(mt, dtype=torch.int64), "python_gauss": gauss,
+             "numpy_keys": torch.from_numpy(keys.astype(np.int64)), "numpy_pos": int(pos),
+             "numpy_has_gauss": int(has_gauss), "numpy_gauss": float(cached), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    random.setstate((state["python_version"], tuple(state["python_mt"].tolist()), state["python_gauss"]))
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"],
+                         state["numpy_has_gauss"], state["numpy_gauss"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -97,6 +109,8 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any], vocab_fil
     final = ckpt_dir / tag
     if rank == 0:
         shutil.copyfile(vocab_file, staging / tag / "vocab.txt")
+        # Recorded so that a resume or an export can tell a cut-short or damaged file and fall back.
+        meta = {**meta, "files": file_records(staging / tag)}
         _fsync_write(staging / tag / META, json.dumps(meta, indent=2, sort_keys=True))
         if final.exists():  # re-saving a step (e.g. after a resume): the old copy goes last
             old = ckpt_dir / f".old-{tag}"
@@ -121,8 +135,8 @@ def _prune(ckpt_dir: Path, keep_last: int, current: int) -> None:
     `latest`, and the run resumed from an earlier one: they are not "newer" than `current` (a later
     save of that step replaces them), so they must never push `current` out of the kept set.
     """
-    steps = sorted(int(m.group(1)) for p in ckpt_dir.iterdir()
-                   if (m := _TAG.match(p.name)) and (p / META).is_file() and int(m.group(1)) <= current)
+    steps = sorted(step for p in ckpt_dir.iterdir()
+                   if (step := tag_step(p.name)) is not None and (p / META).is_file() and step <= current)
     for step in steps[:-keep_last]:
         shutil.rmtree(ckpt_dir / tag_for(step), ignore_errors=True)
         shutil.rmtree(ckpt_dir / f"{tag_for(step)}_universal", ignore_errors=True)
@@ -130,27 +144,37 @@ def _prune(ckpt_dir: Path, keep_last: int, current: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+# DeepSpeed's converter, run with every torch.load it makes forced to weights_only and our allow-list.
+_SAFE_CONVERTER = (
+    "import runpy, sys, torch; from launch.pretrain.hf_export import deepspeed_safe_globals; "
+    "torch.serialization.add_safe_globals(list(deepspeed_safe_globals())); "
+    "sys.argv[0] = 'ds_to_universal'; runpy.run_module('deepspeed.checkpoint.ds_to_universal', run_name='__main__')"
+)
+
+
 def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
-    """Rank 0 converts checkpoint `tag` to DeepSpeed's universal format (once); returns its tag.
+    """Convert checkpoint `tag` to DeepSpeed's universal format (once; on one rank); returns its tag.
 
     Runs DeepSpeed's own converter in a subprocess so its console output stays out of our log;
-    the output folder appears atomically (converted to a temp name, then renamed).
+    the output folder appears atomically (converted to a temp name, then renamed). A converted
+    folder found in the run is checked like any checkpoint before it is used.
     """
     universal = f"{tag}_universal"
-    if dist.get_rank() == 0 and not (ckpt_dir / universal).is_dir():
+    if not (ckpt_dir / universal).is_dir():
         tmp = ckpt_dir / f".staging-{universal}"
         shutil.rmtree(tmp, ignore_errors=True)
         log.info("converting %s to a universal checkpoint (data-parallel size changed)", tag)
-        cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt_dir / tag),
+        cmd = [sys.executable, "-c", _SAFE_CONVERTER, "--input_folder", str(ckpt_dir / tag),
                "--output_folder", str(tmp), "--num_extract_workers", "1", "--num_merge_workers", "1"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        env = {k: v for k, v in os.environ.items() if k != NO_FORCE_WEIGHTS_ONLY} | {FORCE_WEIGHTS_ONLY: "1"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise ValueError(f"converting {ckpt_dir / tag} to a universal checkpoint failed:\n{done.stderr[-2000:]}\n"
                              f"resume with the original number of processes instead")
         for name in (META, "vocab.txt"):
             shutil.copyfile(ckpt_dir / tag / name, tmp / name)
         os.replace(tmp, ckpt_dir / universal)
-    dist.barrier()
+    check_tensor_files(ckpt_dir / universal)
     return universal
 
 
@@ -159,5 +183,9 @@ def load_rng(ckpt_dir: Path, tag: str, rank: int) -> bool:
     path = ckpt_dir / tag / f"rng_rank{rank}.pt"
     if not path.is_file():
         return False
-    set_rng_state(torch.load(path, weights_only=False))
+    state = load_checkpoint_file(path)
+    if not isinstance(state, dict) or "python_mt" not in state:
+        raise ValueError(f"{path} holds no RNG states of this bertpipe version; resume with the version that "
+                         f"wrote the run, or start a new run")
+    set_rng_state(state)
     return True

@@ -1,79 +1,99 @@
-"""Run directory -> Hugging Face model directory, and `resolve_checkpoint` for every consumer.
+"""A run's DeepSpeed checkpoint -> Hugging Face model files, reading DeepSpeed's files safely.
 
-`export_run(run, out, tag)` consolidates the (possibly ZeRO-partitioned) fp32 master weights of a
-checkpoint, loads them into our `BertForPreTraining` (strictly: every tensor accounted for), and
-writes `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json`, `tokenizer_config.json`
-and a model card `README.md`. `resolve_checkpoint(path)` is what `features`, `finetune` and `sweep`
-call: an HF directory is returned as is; a RUN directory is exported once into `RUN/export/<tag>/`
-(written to a temp folder and renamed, so concurrent callers never see half a model).
+`write_export(ckpt_dir, tag, meta, dest, run_dir)` consolidates the (possibly ZeRO-partitioned) fp32
+master weights of one checkpoint, loads them into our `BertForPreTraining` (strictly: every tensor
+accounted for), and writes `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json`,
+`tokenizer_config.json` and a model card `README.md` into `dest`. Which checkpoint, and where the
+files may go, is decided by `launch.checkpoint_dirs` (`export_run`, `resolve_checkpoint`).
+
+Reading DeepSpeed's `.pt` files: `torch.load(weights_only=True)` with an allow-list of the few
+DeepSpeed classes they hold (`DEEPSPEED_SAFE_GLOBALS`): ours through `load_checkpoint_file`
+(`model.hf.load_torch_file`), DeepSpeed's own loads (which pass `weights_only=False`) inside
+`safe_deepspeed_loads()`, which sets torch's `TORCH_FORCE_WEIGHTS_ONLY_LOAD` switch (read at every
+`torch.load`) for their duration. This module imports DeepSpeed only when it consolidates ZeRO shards.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import importlib
 import logging
 import os
-import shutil
-import tempfile
+import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from launch.pretrain.checkpoints import read_latest, read_meta
+from launch.pretrain.training_log import read_records
+from model.hf import load_torch_file
 from pipeline.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# The only non-tensor classes DeepSpeed's checkpoint files hold (ZeRO 0-3, fp32/bf16, universal; listed
+# by torch.serialization.get_unsafe_globals_in_checkpoint): plain records, safe to rebuild from a file.
+DEEPSPEED_SAFE_GLOBALS = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
-def is_hf_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and any((path / f).is_file() for f in _WEIGHT_FILES)
+def deepspeed_safe_globals() -> tuple[Any, ...]:
+    """The classes `DEEPSPEED_SAFE_GLOBALS` names (those this DeepSpeed version has)."""
+    found = []
+    for dotted in DEEPSPEED_SAFE_GLOBALS:
+        module, _, name = dotted.rpartition(".")
+        cls = getattr(importlib.import_module(module), name, None)
+        if cls is not None:
+            found.append(cls)
+    return tuple(found)
 
 
-def is_run_dir(path: Path) -> bool:
-    return (path / "checkpoints" / "latest").is_file()
+def load_checkpoint_file(path: Path) -> Any:
+    """One file of a run's checkpoint: tensors, plain values and DeepSpeed's few records, nothing else."""
+    return load_torch_file(path, allowed_globals=deepspeed_safe_globals())
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """An HF-format directory for `path`: itself if it is one, else the export of a RUN's latest checkpoint."""
-    path = Path(path)
-    if is_hf_dir(path):
-        return path
-    if is_run_dir(path):
-        tag = read_latest(path / "checkpoints")
-        cached = path / "export" / tag
-        if not is_hf_dir(cached):
-            export_run(path, cached, tag=tag)
-        return cached
-    raise ValueError(f"{path} is neither a run directory of `bertpipe pretrain` (no checkpoints/latest) nor a "
-                     f"Hugging Face model directory (no config.json + model.safetensors); pass one of those")
+@contextlib.contextmanager
+def safe_deepspeed_loads(what: Path) -> Iterator[None]:
+    """DeepSpeed's own `torch.load`s of checkpoint `what` as `weights_only=True` with our allow-list."""
+    saved = {k: os.environ.get(k) for k in (FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY)}
+    os.environ[FORCE_WEIGHTS_ONLY] = "1"
+    os.environ.pop(NO_FORCE_WEIGHTS_ONLY, None)
+    try:
+        with torch.serialization.safe_globals(list(deepspeed_safe_globals())):
+            yield
+    except pickle.UnpicklingError as err:  # the files were checked before; this one changed since
+        raise ValueError(f"{what}: refused to load a file that is not tensors only "
+                         f"({str(err).splitlines()[-1][:200]})") from None
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
     """fp32 weights of checkpoint `tag`, whatever the ZeRO stage and world size that wrote it."""
     if meta.get("zero_stage", 0) == 0 and meta.get("precision", "fp32") == "fp32":
         # No ZeRO and fp32: the module state in the model file *is* the master copy.
-        state = torch.load(ckpt_dir / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        state = load_checkpoint_file(ckpt_dir / tag / "mp_rank_00_model_states.pt")
         return {k: v.float() for k, v in state["module"].items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    with safe_deepspeed_loads(ckpt_dir / tag):
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
 
 
-def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path:
+def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run_dir: Path) -> None:
+    """The HF files of checkpoint `tag` (its metadata `meta`, already read and verified) into `dest`."""
     from model import BertConfig, BertForPreTraining, save_pretrained
 
-    run_dir, out = Path(run_dir), Path(out)
-    ckpt_dir = run_dir / "checkpoints"
-    if not ckpt_dir.is_dir():
-        raise ValueError(f"{run_dir} has no checkpoints/; pass a run directory written by `bertpipe pretrain --out`")
-    tag = tag or read_latest(ckpt_dir)
-    if tag is None or not (ckpt_dir / tag).is_dir():
-        available = sorted(p.name for p in ckpt_dir.glob("global_step*") if p.is_dir())
-        raise ValueError(f"no checkpoint {tag!r} in {ckpt_dir}; available: {', '.join(available) or 'none'}")
-    meta = read_meta(ckpt_dir, tag)
     vocab_file = ckpt_dir / tag / "vocab.txt"
     vocab = Vocab.read(vocab_file, lowercase=bool(meta.get("corpus", {}).get("lowercase", True)))
     trained = BertConfig(**meta["bert_config"])
@@ -86,21 +106,9 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None) -> 
     if missing or unexpected:
         raise ValueError(f"checkpoint {ckpt_dir / tag} does not match the model it records: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        save_pretrained(model, tmp, vocab_file=vocab_file)
-        vocab.write_tokenizer_files(tmp, model_max_length=model.config.max_position_embeddings)
-        (tmp / "README.md").write_text(_model_card(run_dir, tag, meta), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("exported %s (%s) to %s", run_dir, tag, out)
-    return out
+    save_pretrained(model, dest, vocab_file=vocab_file)
+    vocab.write_tokenizer_files(dest, model_max_length=model.config.max_position_embeddings)
+    (dest / "README.md").write_text(_model_card(run_dir, tag, meta), encoding="utf-8")
 
 
 def _trim_vocab_rows(state: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
@@ -118,8 +126,7 @@ def _model_card(run_dir: Path, tag: str, meta: dict[str, Any]) -> str:
     last_eval: dict[str, Any] = {}
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line) if line.strip() else {}
+        for rec in read_records(metrics):
             if rec.get("step", 0) <= meta["step"]:
                 last = rec
                 if "eval_mlm_accuracy" in rec:

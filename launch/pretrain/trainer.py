@@ -21,7 +21,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from launch.config import save_config, to_dict
-from launch.pretrain.checkpoints import convert_to_universal, load_rng, read_latest, read_meta, save as save_checkpoint
+from launch.checkpoint_dirs import is_run_dir, read_meta, resolve_checkpoint, select_checkpoint
+from launch.pretrain.checkpoints import convert_to_universal, load_rng, on_rank0, save as save_checkpoint
+from launch.pretrain.hf_export import safe_deepspeed_loads
 from launch.pretrain.pretrain_config import PretrainConfig, validate
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
 from launch.pretrain.launcher import free_port
@@ -199,14 +201,15 @@ class Trainer:
 
     def _resume_meta(self) -> dict[str, Any] | None:
         if not self.resume:
-            if read_latest(self.ckpt_dir) if self.ckpt_dir.is_dir() else None:
+            if is_run_dir(self.run_dir):
                 raise ValueError(f"{self.run_dir} already has checkpoints; pass --resume to continue it, "
                                  f"or choose a new --out")
             return None
-        tag = read_latest(self.ckpt_dir) if self.ckpt_dir.is_dir() else None
-        if tag is None:
+        if not is_run_dir(self.run_dir):
             log.info("--resume: no checkpoint in %s yet; starting from step 0", self.ckpt_dir)
             return None
+        # The newest checkpoint whose files match their recorded sha256s and hold tensors only.
+        tag = on_rank0(lambda: select_checkpoint(self.ckpt_dir))
         meta = read_meta(self.ckpt_dir, tag)
         mine = to_dict(self.cfg)
         for key in _RESUME_INVARIANTS:
@@ -227,27 +230,16 @@ class Trainer:
                      tag, meta["world_size"], self.world)
             if self.cfg.zero.stage > 0 or meta.get("zero_stage", 0) > 0:
                 # ZeRO partitions depend on the world size: go through DeepSpeed's universal format.
-                meta["tag"] = convert_to_universal(self.ckpt_dir, tag)
+                meta["tag"] = on_rank0(lambda: convert_to_universal(self.ckpt_dir, tag))
         return meta
 
     def _init_from(self, path: str, bert_cfg: Any) -> torch.nn.Module:
         """Phase 2: weights from a phase-1 run (or HF dir); optimizer, schedule and loader start fresh."""
-        from launch.pretrain.hf_export import resolve_checkpoint
         from model import BertForPreTraining, load_pretrained
 
-        # A RUN dir is exported on first use: rank 0 does it alone (concurrent exports of the same
-        # folder replace each other under the readers' feet), then every rank reads the result.
-        error = None
-        if self.rank == 0:
-            try:
-                resolve_checkpoint(Path(path))
-            except ValueError as err:
-                error = str(err)
-        box = [error]
-        dist.broadcast_object_list(box, src=0)
-        if box[0] is not None:
-            raise ValueError(box[0])
-        hf_dir = resolve_checkpoint(Path(path))
+        # A RUN dir is verified and exported on first use by rank 0 alone (concurrent exports of the
+        # same folder would replace each other under the readers' feet); every rank reads the result.
+        hf_dir = on_rank0(lambda: resolve_checkpoint(Path(path)))
         if sha256_file(hf_dir / "vocab.txt") != sha256_file(self.vocab_file):
             raise ValueError(f"{hf_dir / 'vocab.txt'} differs from the corpus vocabulary {self.vocab_file}; "
                              f"phase 2 must use the phase-1 vocabulary")
@@ -259,8 +251,9 @@ class Trainer:
 
     def _load(self, meta: dict[str, Any]) -> None:
         tag = meta["tag"]
-        path, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=tag, load_optimizer_states=True,
-                                                   load_lr_scheduler_states=True)
+        with safe_deepspeed_loads(self.ckpt_dir / tag):
+            path, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=tag, load_optimizer_states=True,
+                                                       load_lr_scheduler_states=True)
         if path is None:
             raise ValueError(f"DeepSpeed could not load checkpoint {self.ckpt_dir / tag}")
         state = client["bertpipe"] if client and "bertpipe" in client else meta

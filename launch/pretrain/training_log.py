@@ -3,8 +3,8 @@
 metrics.jsonl holds one JSON object per optimizer step logged: at least `step` and `loss` (a
 full-precision float, so two runs can be compared bit for bit), plus mlm/nsp accuracy, lr,
 grad_norm, loss_scale, sequences/s, tokens/s, mfu (when a peak is configured), eta_s, and the held-out
-MLM accuracy on evaluation steps. On resume the file is cut back to the checkpoint's step, so it
-always describes one consistent run.
+MLM accuracy on evaluation steps. On resume the file is cut back to the checkpoint's step (a last
+line torn by a crash is dropped), so it always describes one consistent run.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,22 +20,43 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl. A last line cut short (a crash or a full disk mid-write) is
+    dropped with a warning; any other line that is not a JSON object names the file and line."""
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if not any(rest.strip() for rest in lines[number:]):
+                log.warning("%s: its last line was cut short by an interrupted write; dropped it", path)
+                break
+            raise ValueError(f"{path} line {number} is not JSON ({err.msg}); remove that line") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path} line {number} is not a JSON object; remove that line")
+        records.append(record)
+    return records
+
+
 def truncate_after(path: Path, step: int) -> None:
-    """Drop records of steps after `step` (they belong to work lost when the run stopped)."""
+    """Drop records of steps after `step` (they belong to work lost when the run stopped), and a torn last
+    line; the file is replaced atomically, so a crash here never loses the history."""
     if not path.is_file():
         return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and json.loads(line).get("step", 0) <= step:
-            keep.append(line)
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    keep = [r for r in read_records(path) if r.get("step", 0) <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"{path} does not exist; pass a run directory written by `bertpipe pretrain --out`")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_records(path)
 
 
 # bf16 dense tensor-core peaks from the vendors' spec sheets (TFLOP/s, without sparsity).

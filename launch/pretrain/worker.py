@@ -83,6 +83,7 @@ def build_trainer(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     from launch.errors import CliError, disk_full_message
+    from launch.pretrain.checkpoints import ReportedByRankZero
     from launch.pretrain.trainer import NonFiniteLossError
 
     parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             trainer = build_trainer(args)
             trainer.setup()
             return trainer.train()
+    except ReportedByRankZero:  # rank 0 says it, once
+        return 2
     except (ValueError, CliError) as err:  # a user error: the message says what to change
         log.error("%s", err)
         return 2
