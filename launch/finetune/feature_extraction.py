@@ -19,6 +19,7 @@ from typing import Iterator, Literal
 import numpy as np
 import torch
 
+from launch.finetune.device import pick_device
 from launch.finetune.finetune_config import FeaturesConfig, Pool
 from model import BertModel, load_pretrained
 from pipeline.vocab import Vocab, check_embedding_rows
@@ -101,14 +102,6 @@ def load_tokenizer(checkpoint: Path, max_seq_len: int):
     return tok
 
 
-def _pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA device is available")
-    return torch.device(name)
-
-
 @dataclass
 class FeatureBatch:
     rows: list[int]  # input row of each text
@@ -119,7 +112,7 @@ class FeatureBatch:
 class FeatureExtractor:
     def __init__(self, checkpoint: Path, cfg: FeaturesConfig) -> None:
         self.cfg = cfg
-        self.device = _pick_device(cfg.device)
+        self.device = pick_device(cfg.device)
         self.model, report = load_pretrained(BertModel, checkpoint, config_overrides={"unpad": True})
         self.model.to(self.device).eval()
         if cfg.dtype == "bf16":

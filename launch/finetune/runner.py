@@ -21,11 +21,14 @@ from torch.utils.data import DataLoader
 
 from launch.config import save_config
 from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
+from launch.finetune.device import pick_device
 from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.examples import DataError
 from launch.finetune.encoding import LengthGroupedBatches
 from launch.finetune.kinds import Task, TaskData
 from launch.finetune.tasks import get_task
+from launch.pretrain.pretrain_config import ScheduleSection
+from launch.pretrain.schedule import build_scheduler, lr_multiplier
 from launch.pretrain.optimizers import param_groups
 from pipeline.vocab import Vocab
 
@@ -58,12 +61,6 @@ def _length(feat: Any) -> int:
     return max(len(x) for x in ids) if ids and isinstance(ids[0], list) else len(ids)
 
 
-def _device(cfg: FinetuneConfig) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
-        return torch.device("cuda")
-    return torch.device("cpu")
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -71,12 +68,15 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
     return [{k: v for k, v in g.items() if k != "layer_adaptation"} for g in param_groups(model, weight_decay)]
 
 
+def linear_schedule(warmup: int, steps: int) -> ScheduleSection:
+    """Linear warm-up over `warmup` steps to the peak, then linear decay to 0 at `steps` (the BERT
+    reference schedule): pre-training's schedule (`launch.pretrain.schedule`) with these settings."""
+    return ScheduleSection(total_steps=steps, warmup_steps=warmup, decay="linear", min_lr_ratio=0.0)
+
+
 def lr_factor(step: int, warmup: int, steps: int) -> float:
-    """Multiplier of the peak lr at optimizer step `step` (0-based): linear warm-up over `warmup`
-    steps to 1, then linear decay to 0 at `steps` (the BERT reference schedule)."""
-    if step < warmup:
-        return (step + 1) / max(1, warmup)
-    return max(0.0, (steps - step) / max(1, steps - warmup))
+    """Multiplier of the peak lr at optimizer step `step` (0-based)."""
+    return lr_multiplier(step, linear_schedule(warmup, steps))
 
 
 class Finetuner:
@@ -88,7 +88,7 @@ class Finetuner:
         self.out = Path(cfg.out)
         self.task: Task = get_task(cfg.task)
         self.on_epoch_end = on_epoch_end
-        self.device = _device(cfg)
+        self.device = pick_device(cfg.device)
         self.bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -151,7 +151,7 @@ class Finetuner:
         # fused: one kernel over all parameters (CPU and CUDA), a large share of a small model's step time.
         opt = torch.optim.AdamW(_param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6,
                                 fused=True)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, steps))
+        sched = build_scheduler(opt, linear_schedule(warmup, steps))
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc=f"finetune {self.task.name}", unit="step", disable=not cfg.progress, dynamic_ncols=True)
