@@ -217,14 +217,14 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
     import shutil
     import tempfile
 
-    from launch.pretrain.hf_export import write_export
-
     run_dir, out = Path(run_dir), Path(out)
     if not is_run_dir(run_dir):
         raise ValueError(f"{run_dir} has no checkpoints; pass a run directory written by `bertpipe pretrain --out`")
     check_export_target(run_dir, out, overwrite)
     ckpt_dir = run_dir / "checkpoints"
     tag = tag if verified else select_checkpoint(ckpt_dir, tag)
+    from launch.pretrain.hf_export import write_export  # torch and DeepSpeed: only once there is work
+
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:

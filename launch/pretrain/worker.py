@@ -81,6 +81,15 @@ def build_trainer(args: argparse.Namespace):
     return Trainer(load_run_config(args), data_dir=args.data, run_dir=args.out, resume=args.resume)
 
 
+def _leave_process_group() -> None:
+    """Leave the process group before exiting on an error every rank agreed on (an exit with the group
+    still open can abort in its communication thread)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     from launch.errors import CliError, disk_full_message
     from launch.pretrain.checkpoints import ReportedByRankZero
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer.setup()
             return trainer.train()
     except ReportedByRankZero:  # rank 0 says it, once
+        _leave_process_group()
         return 2
     except (ValueError, CliError) as err:  # a user error: the message says what to change
         log.error("%s", err)
