@@ -6,12 +6,13 @@ inspect`, the trainer and fine-tuning read it or check files against the sha256 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from pipeline.download.checksums import hash_file
 
 FORMAT = "bertpipe-corpus"
 FORMAT_VERSION = 1
@@ -34,12 +35,8 @@ def read_manifest(corpus_dir: str | Path) -> dict[str, Any]:
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks (vocabularies, manifests, shards)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """Hex sha256 of a file (vocabularies, manifests, shards), by the one file hasher the downloader uses too."""
+    return hash_file(Path(path), ["sha256"])["sha256"]
 
 
 def verify_shards(corpus_dir: str | Path, manifest: dict[str, Any], threads: int | None = None) -> None:
