@@ -1,6 +1,6 @@
 """Getting the raw data: Wikipedia dumps and Project Gutenberg books, resumable and checksum-verified.
 
-- `http`: the resumable, retrying, verifying downloader (`fetch`), on the standard library.
+- `http`: the resumable, retrying, verifying downloader (`fetch`), on urllib3 (its `Retry` for retries).
 - `checksums`: published sha1/md5 lists and streaming file hashes.
 - `wikipedia`: the Wikimedia dump layout (`download_wikipedia`).
 - `gutenberg`, `gutenberg_text`: a Gutenberg mirror's layout and catalogue, header/footer stripping.

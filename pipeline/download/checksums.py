@@ -46,3 +46,36 @@ def hash_file(path: Path, algorithms: Iterable[str], chunk_size: int = CHUNK) ->
 
 def hash_bytes(data: bytes, algorithms: Iterable[str]) -> dict[str, str]:
     return {name: hashlib.new(name, data).hexdigest() for name in sorted(set(algorithms))}
+
+
+class RunningDigest:
+    """Digests of `dest.part` kept up to date as bytes are written, so a finished download needs no
+    second pass over a multi-GB file; re-synced from disk when the part file and the digests differ
+    (a resume from an earlier run, or a restart)."""
+
+    def __init__(self, algorithms: tuple[str, ...]) -> None:
+        self.algorithms = algorithms
+        self.reset()
+
+    def reset(self) -> None:
+        self.hashers = {name: hashlib.new(name) for name in self.algorithms}
+        self.n = 0
+
+    def update(self, block: bytes) -> None:
+        for h in self.hashers.values():
+            h.update(block)
+        self.n += len(block)
+
+    def sync(self, part: Path) -> None:
+        """Re-hash `part` from disk unless the digests already cover exactly its bytes."""
+        size = part.stat().st_size if part.exists() else 0
+        if size == self.n:
+            return
+        self.reset()
+        if size:
+            with open(part, "rb") as f:
+                while block := f.read(CHUNK):
+                    self.update(block)
+
+    def hexdigests(self) -> dict[str, str]:
+        return {name: h.hexdigest() for name, h in self.hashers.items()}

@@ -1,33 +1,33 @@
-"""A resumable, verifying HTTP downloader on the standard library (urllib).
+"""A resumable, verifying HTTP downloader on urllib3.
 
 `fetch(url, dest, ...)` writes to `dest.part` while it downloads and renames to `dest` only after
 the file's size and checksums verify, so a reader of the output directory never sees a half-written
 or unverified file under its final name. Interrupted downloads resume with an HTTP `Range` request
 from the byte the partial file reached (guarded by `If-Range` with the server's ETag or
 Last-Modified, so a file that changed upstream restarts instead of being spliced). Transient
-failures (connection drops, timeouts, 429/5xx) are retried with capped exponential backoff and
-jitter; every retry resumes rather than restarts.
+failures are retried by urllib3's `Retry` (connection errors, timeouts and 429/5xx up to the
+response headers, honouring Retry-After, capped exponential backoff with jitter); a transfer cut
+mid-body is charged to the same `Retry` budget and resumed, never restarted.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
-import http.client
 import json
 import logging
 import os
-import random
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from pipeline.download.checksums import hash_file
+import urllib3
+from urllib3.exceptions import HTTPError as TransportError, MaxRetryError, ProtocolError
+from urllib3.util.retry import Retry
+
+from pipeline.download.checksums import RunningDigest, hash_file
 from pipeline.download.errors import (
     ChecksumMismatchError,
     DiskFullError,
@@ -39,11 +39,11 @@ from pipeline.download.errors import (
 logger = logging.getLogger(__name__)
 
 # Wikimedia asks for a descriptive User-Agent; the default Python-urllib one may be throttled.
-USER_AGENT = "bertpipe-download/0.1 (BERT pre-training data pipeline; Python urllib)"
+USER_AGENT = "bertpipe-download/0.1 (BERT pre-training data pipeline; urllib3)"
 CHUNK = 1 << 20
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
-# What urllib/http.client raise when a connection drops, resets or stalls mid-transfer.
-TRANSIENT = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError)
+# identity: a transparently gzip-compressed response would break byte offsets for Range.
+_HTTP = urllib3.PoolManager(headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,48 @@ class RetryPolicy:
     max_backoff_s: float = 60.0
     timeout_s: float = 60.0
 
-    def delay(self, retry: int, retry_after: float | None = None) -> float:
-        if retry_after is not None:
-            return min(retry_after, self.max_backoff_s)
-        # Full jitter keeps parallel workers that failed together from retrying in lockstep.
-        return random.uniform(0.5, 1.0) * min(self.max_backoff_s, self.backoff_s * 2 ** (retry - 1))
+    def retry(self, cancel: threading.Event | None = None) -> "_Retry":
+        """One `Retry` budget for a whole file: urllib3 spends it up to the headers, we on cut bodies."""
+        retry = _Retry(
+            total=self.max_retries, redirect=10, allowed_methods=frozenset({"GET"}),
+            status_forcelist=RETRY_STATUS, raise_on_status=False, respect_retry_after_header=True,
+            # Jitter keeps parallel workers that failed together from retrying in lockstep.
+            backoff_factor=self.backoff_s, backoff_max=self.max_backoff_s, backoff_jitter=self.backoff_s,
+            retry_after_max=self.max_backoff_s,
+        )
+        retry.cancel = cancel
+        return retry
+
+    @property
+    def timeout(self) -> urllib3.Timeout:
+        return urllib3.Timeout(connect=self.timeout_s, read=self.timeout_s)
+
+
+class _Retry(Retry):
+    """urllib3's `Retry`, logging each retry and sleeping on the `cancel` event (Ctrl-C stops a wait)."""
+
+    cancel: threading.Event | None = None
+
+    def new(self, **kw) -> "_Retry":
+        new = super().new(**kw)
+        new.cancel = self.cancel
+        return new
+
+    @property
+    def retries(self) -> int:
+        return sum(1 for h in self.history if h.redirect_location is None)
+
+    def sleep(self, response=None) -> None:
+        wait = self.get_retry_after(response) if response is not None and self.respect_retry_after_header else None
+        wait = self.get_backoff_time() if not wait else wait
+        last = self.history[-1] if self.history else None
+        reason = (_describe(last.error) if last.error else f"HTTP {last.status}") if last else "?"
+        logger.warning("%s: %s; retry %d in %.1fs", last.url if last else "", reason, self.retries, wait)
+        if self.cancel is not None:
+            if self.cancel.wait(wait):
+                raise Cancelled(last.url if last else "")
+        else:
+            time.sleep(wait)
 
 
 class Cancelled(Exception):
@@ -109,91 +146,58 @@ class FetchResult:
 
 @dataclass
 class _Attempt:
-    retry_after: float | None = None
-    reason: str = ""
-    extra: dict = field(default_factory=dict)
+    """Why a request left `dest.part` incomplete (a read error: charged to the `Retry` budget)."""
+
+    error: Exception
 
 
-class _RunningDigest:
-    """Digests of `dest.part` kept up to date as bytes are written, so a finished download needs no
-    second pass over a multi-GB file; re-synced from disk when the part file and the digests differ
-    (a resume from an earlier run, or a restart)."""
-
-    def __init__(self, algorithms: tuple[str, ...]) -> None:
-        self.algorithms = algorithms
-        self.reset()
-
-    def reset(self) -> None:
-        self.hashers = {name: hashlib.new(name) for name in self.algorithms}
-        self.n = 0
-
-    def update(self, block: bytes) -> None:
-        for h in self.hashers.values():
-            h.update(block)
-        self.n += len(block)
-
-    def sync(self, part: Path) -> None:
-        size = part.stat().st_size if part.exists() else 0
-        if size == self.n:
-            return
-        self.reset()
-        if size:
-            with open(part, "rb") as f:
-                while block := f.read(CHUNK):
-                    self.update(block)
-
-    def hexdigests(self) -> dict[str, str]:
-        return {name: h.hexdigest() for name, h in self.hashers.items()}
-
-
-def _request(url: str, headers: Mapping[str, str] | None = None) -> urllib.request.Request:
-    # identity: a transparently gzip-compressed response would break byte offsets for Range.
-    base = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-    return urllib.request.Request(url, headers={**base, **(headers or {})})
+def _get(url: str, retry: Retry, policy: RetryPolicy, headers: Mapping[str, str] | None = None):
+    """A streaming GET (body not read); urllib3 retries up to the headers, MaxRetryError when spent."""
+    return _HTTP.request("GET", url, headers=dict(headers or {}), preload_content=False, retries=retry,
+                         timeout=policy.timeout)
 
 
 def get_bytes(url: str, policy: RetryPolicy, not_found_hint: str = "") -> bytes:
     """A small file (status JSON, checksum list, catalogue) into memory, with the same retries."""
-    for retry in range(policy.max_retries + 1):
+    retry = policy.retry()
+    while True:
         try:
-            with urllib.request.urlopen(_request(url), timeout=policy.timeout_s) as resp:
-                data = resp.read()
-                length = resp.headers.get("Content-Length")
-                if length is not None and len(data) != int(length):
-                    raise http.client.IncompleteRead(data, int(length) - len(data))
-                return data
-        except urllib.error.HTTPError as err:
-            if err.code in (404, 410):
-                raise NotFoundError(url, not_found_hint) from None
-            if err.code not in RETRY_STATUS:
-                raise DownloadError(f"{url} answered HTTP {err.code} {err.reason}") from None
-            reason, retry_after = f"HTTP {err.code}", _retry_after(err.headers)
-        except TRANSIENT as err:
-            reason, retry_after = _describe(err), None
-        if retry == policy.max_retries:
-            raise NetworkError(
-                f"could not fetch {url} after {retry + 1} attempts (last error: {reason}); "
-                "check the network or the --mirror URL and rerun"
-            )
-        wait = policy.delay(retry + 1, retry_after)
-        logger.warning("fetching %s failed (%s); retry %d/%d in %.1fs", url, reason, retry + 1, policy.max_retries, wait)
-        time.sleep(wait)
-    raise AssertionError("unreachable")
+            resp = _get(url, retry, policy)
+            try:
+                if resp.status in (404, 410):
+                    raise NotFoundError(url, not_found_hint)
+                if resp.status >= 400:
+                    raise _status_error(url, resp, policy)
+                return resp.read()  # urllib3 refuses a body shorter than Content-Length
+            finally:
+                resp.close()  # never hand a connection with unread bytes back to the pool
+        except (ProtocolError, TransportError) as err:
+            if isinstance(err, MaxRetryError):
+                raise _gave_up(url, err.reason) from None
+            try:
+                retry = retry.increment("GET", url, error=err)
+            except MaxRetryError:
+                raise _gave_up(url, err) from None
+            retry.sleep()
 
 
-def _retry_after(headers) -> float | None:
-    value = headers.get("Retry-After") if headers else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:  # an HTTP date: fall back to our own backoff
-        return None
+def _status_error(url: str, resp, policy: RetryPolicy) -> DownloadError:
+    if resp.status in RETRY_STATUS:  # still failing once the retries were spent
+        return NetworkError(f"{url} still answered HTTP {resp.status} {resp.reason} after {policy.max_retries} "
+                            "retries; check the network or the --mirror URL and rerun")
+    return DownloadError(f"{url} answered HTTP {resp.status} {resp.reason}")
 
 
-def _describe(err: BaseException) -> str:
-    if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
-        return f"{type(err.reason).__name__}: {err.reason}"
-    if isinstance(err, http.client.IncompleteRead):
-        return f"connection closed after {len(err.partial)} bytes of the response, {err.expected} short"
+def _gave_up(url: str, err: BaseException | None) -> NetworkError:
+    return NetworkError(f"could not fetch {url} (last error: {_describe(err)}); "
+                        "check the network or the --mirror URL and rerun")
+
+
+def _describe(err: BaseException | None) -> str:
+    if isinstance(err, MaxRetryError):
+        err = err.reason
+    if isinstance(err, ProtocolError) and err.args and isinstance(err.args[-1], BaseException):
+        err = err.args[-1]  # urllib3 wraps the socket or http.client error
     return f"{type(err).__name__}: {err}"
 
 
@@ -263,33 +267,27 @@ def fetch(
     resumed_from = part.stat().st_size if part.exists() else 0
     if resumed_from and progress is not None:
         progress.update(resumed_from)
-    digest = _RunningDigest(algorithms)
-    retries = 0
+    digest = RunningDigest(algorithms)
+    retry = policy.retry(cancel)
     while True:
         try:
-            outcome = _attempt(url, dest, expected_size, policy, progress, cancel, digest)
+            outcome = _attempt(url, dest, expected_size, policy, retry, progress, cancel, digest)
+            if outcome is None:
+                break
+            # urllib3 retries up to the response headers; a body cut short is resumed here, on the same budget.
+            retry = retry.increment("GET", url, error=outcome.error)
+        except MaxRetryError as err:
+            have = part.stat().st_size if part.exists() else 0
+            raise NetworkError(
+                f"gave up on {url} after {policy.max_retries} retr{'y' if policy.max_retries == 1 else 'ies'} "
+                f"(last error: {_describe(err.reason)}); {part.name} ({have} bytes) is kept: rerun the same "
+                f"command to resume from byte {have}"
+            ) from None
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise _disk_full(dest, err) from None
             raise
-        if outcome is None:
-            break
-        retries += 1
-        have = part.stat().st_size if part.exists() else 0
-        if retries > policy.max_retries:
-            raise NetworkError(
-                f"gave up on {url} after {retries} attempt{'s' if retries > 1 else ''} (last error: {outcome.reason}); "
-                f"{part.name} ({have} bytes) is kept: rerun the same command to resume from byte {have}"
-            )
-        wait = policy.delay(retries, outcome.retry_after)
-        logger.warning(
-            "%s: %s at byte %d; retry %d/%d in %.1fs (resuming)",
-            dest.name, outcome.reason, have, retries, policy.max_retries, wait,
-        )
-        if cancel is not None and cancel.wait(wait):
-            raise Cancelled(url)
-        if cancel is None:
-            time.sleep(wait)
+        retry.sleep()
 
     size = part.stat().st_size
     if expected_size is not None and size != expected_size:
@@ -308,7 +306,7 @@ def fetch(
             )
     os.replace(part, dest)
     meta.unlink(missing_ok=True)
-    return FetchResult(dest, url, size, digests, resumed_from=resumed_from, retries=retries)
+    return FetchResult(dest, url, size, digests, resumed_from=resumed_from, retries=retry.retries)
 
 
 def _attempt(
@@ -316,11 +314,13 @@ def _attempt(
     dest: Path,
     expected_size: int | None,
     policy: RetryPolicy,
+    retry: _Retry,
     progress: ByteProgress | None,
     cancel: threading.Event | None,
-    digest: _RunningDigest,
+    digest: RunningDigest,
 ) -> _Attempt | None:
-    """One request; None when `dest.part` is complete, else why to retry. Fatal errors raise."""
+    """One request; None when `dest.part` is complete, else the read error to retry on. Fatal errors
+    (and `MaxRetryError` once urllib3 has spent the budget) raise."""
     part, meta = part_path(dest), _meta_path(dest)
     offset = part.stat().st_size if part.exists() else 0
     saved = _read_meta(meta, url) if offset else {}
@@ -336,59 +336,62 @@ def _attempt(
         validator = saved.get("etag") or saved.get("last_modified")
         if validator:
             headers["If-Range"] = validator
+    resp = _get(url, retry, policy, headers)
     try:
-        with urllib.request.urlopen(_request(url, headers), timeout=policy.timeout_s) as resp:
-            if resp.status == 206:
-                start = _content_range_start(resp.headers.get("Content-Range", ""))
-                if start != offset:
-                    _restart(part, progress, offset)
-                    return _Attempt(reason=f"server resumed at byte {start}, not {offset}")
-                mode = "ab"
-            else:
-                if offset:
-                    # 200 to a Range request: the server ignored it or the file changed (If-Range).
-                    logger.warning("%s: the server sent the whole file; restarting from byte 0", dest.name)
-                    _restart(part, progress, offset)
-                    offset = 0
-                mode = "wb"
-            length = resp.headers.get("Content-Length")
-            total = offset + int(length) if length is not None else expected_size
-            if expected_size is not None and total is not None and total != expected_size:
-                raise DownloadError(
-                    f"{url} is {total} bytes but the dump's status file lists {expected_size}; the mirror "
-                    "may be mid-sync: try again later or use another --mirror"
-                )
-            _write_meta(meta, url, resp.headers, total)
-            if mode == "wb":
-                digest.reset()
-            else:
-                digest.sync(part)
-            with open(part, mode) as f:
-                while block := resp.read(CHUNK):
-                    if cancel is not None and cancel.is_set():
-                        raise Cancelled(url)
-                    f.write(block)
-                    digest.update(block)
-                    if progress is not None:
-                        progress.update(len(block))
-    except urllib.error.HTTPError as err:
-        if err.code == 416 and offset:
+        if resp.status == 416 and offset:
             # Range not satisfiable: the partial file already holds the whole resource (or more).
-            full = _content_range_total(err.headers.get("Content-Range", ""))
+            full = _content_range_total(resp.headers.get("Content-Range", ""))
             if full == offset:
                 return None
             _restart(part, progress, offset)
-            return _Attempt(reason="stale partial file (416)")
-        if err.code in (404, 410):
-            raise NotFoundError(url) from None
-        if err.code in RETRY_STATUS:
-            return _Attempt(retry_after=_retry_after(err.headers), reason=f"HTTP {err.code} {err.reason}")
-        raise DownloadError(f"{url} answered HTTP {err.code} {err.reason}") from None
-    except TRANSIENT as err:
-        return _Attempt(reason=_describe(err))
+            return _Attempt(ProtocolError("stale partial file (416)"))
+        if resp.status in (404, 410):
+            raise NotFoundError(url)
+        if resp.status >= 400:
+            raise _status_error(url, resp, policy)
+        if resp.status == 206:
+            start = _content_range_start(resp.headers.get("Content-Range", ""))
+            if start != offset:
+                _restart(part, progress, offset)
+                return _Attempt(ProtocolError(f"server resumed at byte {start}, not {offset}"))
+            mode = "ab"
+        else:
+            if offset:
+                # 200 to a Range request: the server ignored it or the file changed (If-Range).
+                logger.warning("%s: the server sent the whole file; restarting from byte 0", dest.name)
+                _restart(part, progress, offset)
+                offset = 0
+            mode = "wb"
+        length = resp.headers.get("Content-Length")
+        total = offset + int(length) if length is not None else expected_size
+        if expected_size is not None and total is not None and total != expected_size:
+            raise DownloadError(
+                f"{url} is {total} bytes but the dump's status file lists {expected_size}; the mirror "
+                "may be mid-sync: try again later or use another --mirror"
+            )
+        _write_meta(meta, url, resp.headers, total)
+        if mode == "wb":
+            digest.reset()
+        else:
+            digest.sync(part)
+        with open(part, mode) as f:
+            # read1: what has arrived (<= CHUNK); read() would drop it if the connection died mid-CHUNK.
+            while block := resp.read1(CHUNK):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(url)
+                f.write(block)
+                digest.update(block)
+                if progress is not None:
+                    progress.update(len(block))
+    except (ProtocolError, TransportError) as err:
+        if isinstance(err, MaxRetryError):
+            raise
+        return _Attempt(err)  # cut mid-body: what reached the part file is kept and resumed from
+    finally:
+        resp.close()  # never hand a connection with unread bytes back to the pool
     have = part.stat().st_size
     if total is not None and have < total:
-        return _Attempt(reason=f"connection closed {total - have} bytes short")
+        return _Attempt(ProtocolError(f"connection closed {total - have} bytes short"))
     return None
 
 
