@@ -9,6 +9,7 @@ Nothing in this package imports torch.distributed, deepspeed, ray, apache_beam o
     out = model(input_ids, token_type_ids, attention_mask, masked_lm_positions)
 """
 
+from model.attention import Unpadded
 from model.bert import BertModel, BertOutput, BertForPreTraining, PreTrainingOutput
 from model.activation_checkpointing import apply_activation_checkpointing
 from model.config import BertConfig
@@ -21,6 +22,7 @@ from model.heads import (
     SpanLogits,
 )
 from model.hf import LoadReport, load_pretrained, save_pretrained
+from model.losses import masked_lm_loss, pretraining_loss
 
 __all__ = [
     "BertConfig",
@@ -28,6 +30,7 @@ __all__ = [
     "BertOutput",
     "BertForPreTraining",
     "PreTrainingOutput",
+    "Unpadded",
     "BertForSequenceClassification",
     "BertForQuestionAnswering",
     "BertForTokenClassification",
@@ -38,4 +41,6 @@ __all__ = [
     "save_pretrained",
     "apply_activation_checkpointing",
     "compile_fast_paths",
+    "masked_lm_loss",
+    "pretraining_loss",
 ]

@@ -37,30 +37,45 @@ class Unpadded:
 
     indices:    [T] int64 flat positions b * L + l of real tokens, in row-major order.
     cu_seqlens: [B + 1] int32 cumulative real lengths (varlen kernels' format).
-    lengths:    [B] int32 real length of each sequence.
     batch, seqlen: B and L of the padded layout.
+    known_max_seqlen: the longest real length as a host int, when the caller knows it (the loader
+      computes it on the CPU with the indices); else read from the device when first needed.
     """
 
     indices: torch.Tensor
     cu_seqlens: torch.Tensor
-    lengths: torch.Tensor  # [B] int32
     batch: int
     seqlen: int
+    known_max_seqlen: int | None = None
 
     @classmethod
     def from_mask(cls, attention_mask_BL: torch.Tensor) -> "Unpadded":
+        """Built on the device from the mask: `nonzero` waits for the device (a host sync, since the
+        number of real tokens sizes what follows). The trainer passes `precomputed` layouts instead."""
         mask = attention_mask_BL.bool()
         batch, seqlen = mask.shape
         lengths_B = mask.sum(dim=1, dtype=torch.int32)
-        # The one host sync of the unpadded path: the number of real tokens sizes what follows.
         indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
         cu = F.pad(torch.cumsum(lengths_B, dim=0, dtype=torch.int32), (1, 0))
-        return cls(indices, cu, lengths_B, batch, seqlen)
+        return cls(indices, cu, batch, seqlen)
+
+    @classmethod
+    def precomputed(cls, indices: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, batch: int,
+                    seqlen: int) -> "Unpadded":
+        """A layout made on the CPU by the data loader (`pipeline.loader.unpadded_layout`): no sync."""
+        if cu_seqlens.dtype != torch.int32 or cu_seqlens.shape != (batch + 1,):
+            raise ValueError(f"cu_seqlens must be int32 of shape [{batch + 1}], got {cu_seqlens.dtype} "
+                             f"{tuple(cu_seqlens.shape)}")
+        if indices.dtype != torch.int64 or indices.dim() != 1:
+            raise ValueError(f"indices must be a 1-D int64 tensor, got {indices.dtype} {tuple(indices.shape)}")
+        return cls(indices, cu_seqlens, batch, seqlen, int(max_seqlen))
 
     @functools.cached_property
     def max_seqlen(self) -> int:
         """Longest real length (a host int, as varlen kernels take it); read only by the varlen path."""
-        return int(self.lengths.max().item()) if self.batch else 0
+        if self.known_max_seqlen is not None:
+            return self.known_max_seqlen
+        return int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max().item()) if self.batch else 0
 
     def pad(self, x_TX: torch.Tensor) -> torch.Tensor:
         """[T, ...] -> [B, L, ...] with zeros at padded positions."""
@@ -126,43 +141,47 @@ def padded_attention(qkv_BL3H: torch.Tensor, mask_B11L, num_heads: int, impl: st
     return out_BNLD.transpose(1, 2).reshape(b, l, three_h // 3)
 
 
-def _varlen_usable(qkv: torch.Tensor, dropout_p: float, training: bool) -> bool:
-    if "varlen-error" in _warned:
-        return False
-    if qkv.device.type != "cuda":
-        _log_once("varlen-device", f"unpad: no varlen attention kernel on {qkv.device.type}; "
-                  "re-padding inside attention only (projections and FFN stay unpadded)")
-        return False
-    if qkv.dtype not in (torch.float16, torch.bfloat16):
-        _log_once("varlen-dtype", f"unpad: varlen flash attention needs fp16/bf16, got {qkv.dtype}; "
-                  "re-padding inside attention")
-        return False
-    if training and dropout_p > 0:
-        _log_once("varlen-dropout", "unpad: varlen flash attention has no attention-probability dropout; "
-                  "set attention_probs_dropout_prob=0 to use it. Re-padding inside attention")
-        return False
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        _log_once("varlen-import", "unpad: torch.nn.attention.varlen is unavailable; re-padding inside attention")
-        return False
-    return True
+def varlen_refusal(device_type: str, dtype: torch.dtype, dropout_p: float, training: bool,
+                   varlen_dropout: bool) -> str | None:
+    """Why varlen flash attention cannot run here (None: it can). A pure function of the setting."""
+    if device_type != "cuda":
+        return f"no varlen attention kernel on {device_type}"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"varlen flash attention needs fp16/bf16, got {dtype}"
+    if training and dropout_p > 0 and not varlen_dropout:
+        return ("attention dropout > 0 and varlen_dropout is off (it is not yet measured on a GPU; set "
+                "model.fields.varlen_dropout=true to run flash attention with dropout)")
+    return None
+
+
+def varlen_flash_attention(qkv_T3H: torch.Tensor, layout: Unpadded, num_heads: int, dropout_p: float) -> torch.Tensor:
+    """[T, 3H] -> [T, H] through `aten._flash_attention_forward`, the op under `varlen_attn` (whose
+    wrapper hard-codes dropout 0): it takes attention dropout and has an autograd node
+    (FlashAttentionBackward0 saves the Philox state, so backward replays the same mask).
+    cu_seqlens int32 and the max length a host int: nothing here waits for the device."""
+    t, three_h = qkv_T3H.shape
+    q, k, v = qkv_T3H.view(t, 3, num_heads, three_h // (3 * num_heads)).unbind(1)
+    out_TND = torch.ops.aten._flash_attention_forward(
+        q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen,
+        dropout_p, False, False)[0]
+    return out_TND.reshape(t, three_h // 3)
 
 
 def unpadded_attention(qkv_T3H: torch.Tensor, layout: Unpadded, mask_B11L, num_heads: int, impl: str,
-                       dropout_p: float, training: bool) -> torch.Tensor:
+                       dropout_p: float, training: bool, varlen_dropout: bool = False) -> torch.Tensor:
     """[T, 3H] fused projections of real tokens -> [T, H] attention output."""
-    t, three_h = qkv_T3H.shape
-    d = three_h // (3 * num_heads)
-    if _varlen_usable(qkv_T3H, dropout_p, training):
-        from torch.nn.attention.varlen import varlen_attn
-
-        q, k, v = qkv_T3H.view(t, 3, num_heads, d).unbind(1)
+    if "varlen-error" in _warned:
+        refusal = "an earlier varlen call failed"
+    else:
+        refusal = varlen_refusal(qkv_T3H.device.type, qkv_T3H.dtype, dropout_p, training, varlen_dropout)
+    if refusal is None:
         try:
-            out_TND = varlen_attn(q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen)
-            return out_TND.reshape(t, three_h // 3)
+            return varlen_flash_attention(qkv_T3H, layout, num_heads, dropout_p if training else 0.0)
         except RuntimeError as err:  # e.g. an older GPU without a flash kernel
             _log_once("varlen-error", f"unpad: varlen attention failed ({err}); re-padding inside attention")
+    else:
+        _log_once(f"varlen:{refusal}", f"unpad: {refusal}; re-padding inside attention only "
+                  "(projections and FFN stay unpadded)")
     qkv_BL3H = layout.pad(qkv_T3H)
     out_BLH = padded_attention(qkv_BL3H, mask_B11L, num_heads, impl, dropout_p, training)
     return layout.unpad(out_BLH)

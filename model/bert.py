@@ -67,6 +67,7 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.impl = config.attention_impl
         self.attn_dropout = config.attention_probs_dropout_prob
+        self.varlen_dropout = config.varlen_dropout
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -77,7 +78,8 @@ class Attention(nn.Module):
         if layout is None:
             ctx = padded_attention(qkv, mask_B11L, self.num_heads, self.impl, self.attn_dropout, self.training)
         else:
-            ctx = unpadded_attention(qkv, layout, mask_B11L, self.num_heads, self.impl, self.attn_dropout, self.training)
+            ctx = unpadded_attention(qkv, layout, mask_B11L, self.num_heads, self.impl, self.attn_dropout,
+                                     self.training, self.varlen_dropout)
         return self.finish(x, ctx)
 
     def finish(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
@@ -174,8 +176,13 @@ class BertModel(nn.Module):
         self.pooler = Pooler(config) if add_pooling_layer else None
         init_weights(self, config)
 
-    def encode(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states: bool = False) -> _Encoded:
-        """Run embeddings + encoder in the configured layout (padded, or unpadded [T, H])."""
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states: bool = False,
+               layout: Unpadded | None = None) -> _Encoded:
+        """Run embeddings + encoder in the configured layout (padded, or unpadded [T, H]).
+
+        `layout`: with `config.unpad`, the unpadded layout of `attention_mask` made on the CPU by the
+        data loader (`Unpadded.precomputed`); without it, it is built here from the mask (a host sync).
+        """
         b, l = input_ids.shape
         if l > self.config.max_position_embeddings:
             raise ValueError(
@@ -186,9 +193,8 @@ class BertModel(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         position_ids = torch.arange(l, device=input_ids.device).expand(b, l)
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
-        layout = None
         if self.config.unpad and attention_mask is not None:
-            layout = Unpadded.from_mask(attention_mask)
+            layout = layout if layout is not None else Unpadded.from_mask(attention_mask)
             flat = layout.indices
             x = self.embeddings(
                 input_ids.reshape(-1)[flat], token_type_ids.reshape(-1)[flat], position_ids.reshape(-1)[flat]
@@ -196,6 +202,7 @@ class BertModel(nn.Module):
             # Read only where attention re-pads (no varlen kernel); built once for all layers.
             mask = layout.key_mask(x.dtype)
         else:
+            layout = None
             x = self.embeddings(input_ids, token_type_ids, position_ids)
             mask = None if attention_mask is None else additive_key_mask(attention_mask, x.dtype)
         if hidden is not None:
@@ -260,8 +267,10 @@ class BertForPreTraining(nn.Module):
         init_weights(self.mlm, config)
         init_weights(self.nsp, config)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_positions=None) -> PreTrainingOutput:
-        enc = self.bert.encode(input_ids, token_type_ids, attention_mask)
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_positions=None,
+                layout: Unpadded | None = None) -> PreTrainingOutput:
+        """`layout`: the batch's precomputed unpadded layout (see `BertModel.encode`), used with `config.unpad`."""
+        enc = self.bert.encode(input_ids, token_type_ids, attention_mask, layout=layout)
         if masked_lm_positions is None:
             mlm_in = enc.padded(enc.x)
         else:

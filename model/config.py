@@ -41,6 +41,9 @@ class BertConfig:
       unpad: drop padding tokens before the encoder so projections, FFN and LayerNorm spend no
         FLOPs on them; attention runs varlen (flash) on CUDA, and on other devices re-pads only
         inside attention. Hidden states at padded positions are then zeros.
+      varlen_dropout: with unpad on CUDA in 16-bit, run varlen flash attention also when training
+        with attention dropout (the paper's 0.1) through `aten._flash_attention_forward`; off (the
+        block is re-padded for attention) until it is measured on a GPU.
       pad_vocab_multiple: pad the embedding / MLM decoder rows to a multiple of this (64 helps
         tensor cores); logits are always trimmed to `vocab_size` and export trims the weights.
     """
@@ -59,6 +62,7 @@ class BertConfig:
     pad_token_id: int = 0
     attention_impl: AttentionImpl = "sdpa"
     unpad: bool = False
+    varlen_dropout: bool = False
     pad_vocab_multiple: int = 1
 
     def __post_init__(self) -> None:

@@ -2,7 +2,11 @@
 
 The contract (docs/ARCHITECTURE.md, "Batches"): a dict of tensors `input_ids`, `token_type_ids`,
 `attention_mask` [B,L] (L = longest sample in the batch), `masked_lm_positions` [B,P] (pad 0),
-`masked_lm_ids` [B,P] (pad -100), `next_sentence_label` [B], `sample_index` [B].
+`masked_lm_ids` [B,P] (pad -100), `next_sentence_label` [B], `sample_index` [B]. With
+`unpad_layout=True`, also the model's unpadded layout made here on the CPU (`add_unpadded_layout`):
+`unpad_indices` [T] int64, `cu_seqlens` [B+1] int32 and `max_seqlen` (a Python int), so that the
+device never waits for `nonzero`/`.item()`; with `pin_memory=True` (CUDA only) tensors come pinned,
+so `.to(device, non_blocking=True)` really is asynchronous.
 
 Order and position. The global stream is epoch after epoch of `EpochPermutation(N, seed, epoch)`;
 each epoch uses the first `E = (N // global_batch) * global_batch` positions so that every optimizer
@@ -276,6 +280,26 @@ class Collator:
         }
 
 
+def add_unpadded_layout(batch: dict[str, Any]) -> dict[str, Any]:
+    """Add where the real tokens of `batch["attention_mask"]` lie, as `model.Unpadded.precomputed` takes
+    it (the same values `Unpadded.from_mask` computes on the device): T = number of real tokens."""
+    mask_BL = batch["attention_mask"].numpy().astype(bool)
+    lengths_B = mask_BL.sum(axis=1)
+    cu_seqlens = np.zeros(len(lengths_B) + 1, dtype=np.int32)
+    np.cumsum(lengths_B, out=cu_seqlens[1:])
+    batch["unpad_indices"] = torch.from_numpy(np.flatnonzero(mask_BL).astype(np.int64))  # [T], row-major
+    batch["cu_seqlens"] = torch.from_numpy(cu_seqlens)  # [B + 1]
+    batch["max_seqlen"] = int(lengths_B.max()) if len(lengths_B) else 0
+    return batch
+
+
+def pin(batch: dict[str, Any]) -> dict[str, Any]:
+    """Page-locked copies of the batch's tensors (only where CUDA is present: pinning needs a driver)."""
+    if not torch.cuda.is_available():
+        return batch
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 class PretrainLoader:
     """Micro-batches for one data-parallel rank, starting at a global sample position.
 
@@ -296,6 +320,8 @@ class PretrainLoader:
         position: int = 0,
         dynamic_masking: bool = False,
         prefetch: int = 4,
+        unpad_layout: bool = False,
+        pin_memory: bool = False,
     ) -> None:
         # The caller validated the sizes (`launch.pretrain.pretrain_config.validate` says what to change).
         assert global_batch_size % (micro_batch_size * world_size) == 0, "global batch = micro x accumulation x world"
@@ -312,6 +338,8 @@ class PretrainLoader:
         self.world = world_size
         self.position = position
         self.prefetch = prefetch
+        self.unpad_layout = unpad_layout
+        self.pin_memory = pin_memory
         vocab = split.corpus.vocab.masking() if dynamic_masking else None
         self.collate = Collator(split.manifest, vocab, seed)
         self._perms: dict[int, EpochPermutation] = {}
@@ -336,8 +364,13 @@ class PretrainLoader:
         ids, epochs = self.sample_ids(np.arange(start, start + self.micro, dtype=np.int64))
         samples = self.split.samples(ids)
         if self.collate.vocab is not None:
-            return self.collate.remasked(samples, ids, epochs)
-        return self.collate(samples, ids)
+            batch = self.collate.remasked(samples, ids, epochs)
+        else:
+            batch = self.collate(samples, ids)
+        # Here, in the prefetch thread: layout and pinning cost the training loop nothing.
+        if self.unpad_layout:
+            batch = add_unpadded_layout(batch)
+        return pin(batch) if self.pin_memory else batch
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], int]]:
         round_size = self.micro * self.world

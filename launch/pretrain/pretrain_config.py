@@ -21,14 +21,19 @@ class ModelSection:
     vocab_size: null = the corpus vocabulary's size; a larger value pads rows (refused if smaller).
     fields: any other `BertConfig` field (e.g. `hidden_dropout_prob`, `attention_impl`, `unpad`).
     activation_checkpointing: recompute each encoder layer in backward (applied from outside the model).
-    compile: wrap the model in `torch.compile` before DeepSpeed sees it.
+    compile: the fused blocks (`model.compile_fast_paths`: bias+GELU, dropout+add+LayerNorm and the
+      MLM head compiled by torch.compile; attention stays on its kernels), applied by the trainer after
+      DeepSpeed placed the model; never the whole engine. true, false, or null = auto, which is off
+      until measured on a GPU (docs/PERFORMANCE.md, GPU section). Not applied under ZeRO-3.
+    compile_mode: torch.compile's mode for those blocks (null = default; e.g. max-autotune-no-cudagraphs).
     """
 
     preset: str = "base"
     vocab_size: Optional[int] = None
     fields: dict[str, Any] = field(default_factory=dict)
     activation_checkpointing: bool = False
-    compile: bool = False
+    compile: Optional[bool] = None  # fused blocks via torch.compile: true, false, null = auto (off until measured)
+    compile_mode: Optional[str] = None  # torch.compile mode of the fused blocks (null = default)
 
 
 @dataclass

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from launch.config import save_config, to_dict
 from launch.checkpoint_dirs import is_run_dir, read_meta, resolve_checkpoint, select_checkpoint
@@ -26,6 +25,7 @@ from launch.pretrain.checkpoints import convert_to_universal, load_rng, on_rank0
 from launch.pretrain.hf_export import safe_deepspeed_loads
 from launch.pretrain.pretrain_config import PretrainConfig, validate
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
+from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile_blocks, compile_enabled, to_device
 from launch.pretrain.launcher import free_port
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
@@ -39,10 +39,6 @@ log = logging.getLogger(__name__)
 
 # Settings a resumed run must share with the checkpoint, or the sample sequence / model differ.
 _RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_masking", "model", "optim.name")
-
-
-class NonFiniteLossError(RuntimeError):
-    pass
 
 
 def init_distributed() -> None:
@@ -171,8 +167,10 @@ class Trainer:
         if isinstance(optimizer, Lamb) and self.engine.optimizer is not optimizer:
             # ZeRO / 16-bit wrappers hand LAMB flat partitions: tell it where each parameter lies.
             attach_zero_partitioning(optimizer, self.engine, self.params)
-        if cfg.model.compile:
-            self.engine.compile()
+        self.skipper = UpdateSkipper(optimizer, self.scheduler, cfg.log.max_nonfinite_steps)
+        if compile_enabled(cfg.model.compile, self.device.type, cfg.zero.stage):
+            # After DeepSpeed placed the model: the blocks compile for the device and dtype they run in.
+            compile_blocks(self.engine.module, cfg.model.compile_mode)
 
         if meta is not None:
             self._load(meta)
@@ -182,6 +180,7 @@ class Trainer:
             self.train_split, seed=cfg.data.seed, micro_batch_size=cfg.data.micro_batch_size,
             global_batch_size=cfg.data.global_batch_size, rank=self.rank, world_size=self.world,
             position=self.position, dynamic_masking=cfg.data.dynamic_masking, prefetch=cfg.data.prefetch,
+            unpad_layout=self.bert_config.unpad, pin_memory=self.device.type == "cuda",
         )
         self._flops_per_token = flops_per_token(non_embedding, self.bert_config.num_hidden_layers,
                                                 self.bert_config.hidden_size, float(manifest["seq_len"]))
@@ -268,27 +267,25 @@ class Trainer:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop_signal = signum
 
-    def _forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, batch: dict[str, torch.Tensor], layout: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss and [mlm_correct, mlm_total, nsp_correct, nsp_total] for one micro-batch."""
-        out = self.engine(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                          batch["masked_lm_positions"])
-        labels = batch["masked_lm_ids"]  # [B, P], -100 = padding
-        mlm_logits = out.mlm_logits.float()  # [B, P, V]
-        mlm_loss = F.cross_entropy(mlm_logits.reshape(-1, mlm_logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-        nsp_loss = F.cross_entropy(out.nsp_logits.float(), batch["next_sentence_label"])
-        with torch.no_grad():
-            valid = labels != -100
-            counts = torch.stack([
-                ((mlm_logits.argmax(-1) == labels) & valid).sum(), valid.sum(),
-                (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum(),
-                torch.tensor(labels.shape[0], device=labels.device),
-            ]).double()
-        return mlm_loss + nsp_loss, counts
+        from model import pretraining_loss
 
-    def _all_finite(self, loss: torch.Tensor) -> bool:
-        flag = torch.tensor([0.0 if torch.isfinite(loss) else 1.0], device=self.device)
-        dist.all_reduce(flag)
-        return flag.item() == 0.0
+        out = self.engine(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                          batch["masked_lm_positions"], layout=layout)
+        return pretraining_loss(out.mlm_logits, out.nsp_logits, batch["masked_lm_ids"], batch["next_sentence_label"])
+
+    def _micro_step(self, batch: dict[str, Any], stats: torch.Tensor, nonfinite: torch.Tensor) -> None:
+        """Forward and backward of one loader batch; its statistics go into `stats` and a 1 into
+        `nonfinite` if its loss is not finite. All on the device: no host sync (a test counts them)."""
+        batch, layout = to_device(batch, self.device)
+        loss, counts = self._forward(batch, layout)
+        nonfinite.add_(~torch.isfinite(loss))
+        self.engine.backward(loss)
+        stats[0] += loss.detach().double()
+        stats[1] += 1
+        stats[2:6] += counts
+        stats[6] += batch["attention_mask"].sum()
 
     def train(self) -> int:
         cfg = self.cfg
@@ -296,55 +293,48 @@ class Trainer:
         self.engine.train()
         batches = iter(self.loader)
         last_saved = self.step
-        in_a_row = 0
         t_last, ema_step_time = time.monotonic(), None
         try:
             while self.step < cfg.schedule.total_steps:
-                # [loss_sum, micro_batches, mlm_correct, mlm_total, nsp_correct, nsp_total, tokens, stop]
-                stats = torch.zeros(8, dtype=torch.float64, device=self.device)
+                # [loss_sum, micro_batches, mlm_correct, mlm_total, nsp_correct, nsp_total, tokens, stop],
+                # then one non-finite flag per micro-batch of the step.
+                stats = torch.zeros(8 + self.grad_accum, dtype=torch.float64, device=self.device)
                 sample_ids: list[torch.Tensor] = []
-                stepped = False
-                while not stepped:
-                    batch, position = next(batches)
-                    batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-                    loss, counts = self._forward(batch)
-                    self.position = position
-                    if not self._all_finite(loss):
-                        self.nonfinite_total += 1
-                        in_a_row += 1
-                        log.warning("non-finite loss at step %d (samples %s...): micro-batch skipped (%d in a row, "
-                                    "%d in total)", self.step + 1, batch["sample_index"][:4].tolist(), in_a_row,
-                                    self.nonfinite_total)
-                        if in_a_row >= cfg.log.max_nonfinite_steps:
-                            raise NonFiniteLossError(
-                                f"{in_a_row} non-finite losses in a row at step {self.step + 1}; lower optim.lr, "
-                                f"use precision.dtype=bf16 instead of fp16, or resume from an earlier checkpoint")
-                        continue
-                    in_a_row = 0
-                    stepped = self.engine.is_gradient_accumulation_boundary()
-                    # The lr this update uses: engine.step() advances the schedule at the boundary.
-                    lr = float(self.engine.get_lr()[0])
-                    self.engine.backward(loss)
-                    self.engine.step()
-                    stats[0] += loss.detach().double()
-                    stats[1] += 1
-                    stats[2:6] += counts
-                    stats[6] += batch["attention_mask"].sum()
-                    if cfg.log.sample_ids:
-                        sample_ids.append(batch["sample_index"])
-                self.step += 1
+                for micro in range(self.grad_accum):
+                    batch, self.position = next(batches)
+                    sample_ids.append(batch["sample_index"])
+                    self._micro_step(batch, stats, stats[8 + micro])
+                    if micro + 1 < self.grad_accum:
+                        self.engine.step()  # inside the accumulation: DeepSpeed counts the micro-step
+                assert self.engine.is_gradient_accumulation_boundary(), "micro-steps out of step with DeepSpeed's"
+                # The lr this update uses: engine.step() advances the schedule at the boundary.
+                lr = float(self.engine.get_lr()[0])
                 stats[7] = 1.0 if self._stop_signal is not None else 0.0
+                # The step's one host sync: every rank's statistics, stop request and non-finite flags.
                 dist.all_reduce(stats)  # also agrees on stopping: every rank saves at the same step
+                host = stats.tolist()
+                if any(host[8:]):  # not applied; the next step retries with the next global batch
+                    self.nonfinite_total += self.skipper.skip(self.engine, host[8:], sample_ids, self.step + 1,
+                                                              self.nonfinite_total)
+                    if host[7] > 0:
+                        log.info("stopped by signal at step %d; continue with --resume", self.step)
+                        if last_saved != self.step:
+                            self.save()
+                        return 0
+                    continue
+                self.skipper.in_a_row = 0
+                self.engine.step()
+                self.step += 1
                 ids = self._gather_ids(sample_ids) if cfg.log.sample_ids else None
                 now = time.monotonic()
                 step_time, t_last = now - t_last, now
                 ema_step_time = step_time if ema_step_time is None else 0.9 * ema_step_time + 0.1 * step_time
-                record = self._record(stats, step_time, ema_step_time, ids, lr)
+                record = self._record(torch.tensor(host[:8], dtype=torch.float64), step_time, ema_step_time, ids, lr)
                 if (cfg.log.eval_every and self.step % cfg.log.eval_every == 0) or self.step == cfg.schedule.total_steps:
                     record.update(self.evaluate())
                 if self.step % cfg.log.log_every == 0 or "eval_mlm_accuracy" in record:
                     self.metrics.write(record)
-                stop = stats[7].item() > 0
+                stop = host[7] > 0
                 if stop or (cfg.checkpoint.save_every and self.step % cfg.checkpoint.save_every == 0):
                     self.save()
                     last_saved = self.step
@@ -363,7 +353,8 @@ class Trainer:
 
     def _gather_ids(self, parts: list[torch.Tensor]) -> list[int]:
         """This step's sample ids from every rank, in global stream order (rank-major per micro round)."""
-        mine = torch.stack(parts) if parts else torch.zeros(0, self.cfg.data.micro_batch_size, dtype=torch.long)
+        mine = (torch.stack(parts) if parts else torch.zeros(0, self.cfg.data.micro_batch_size, dtype=torch.long)
+                ).to(self.device)
         gathered = [torch.zeros_like(mine) for _ in range(self.world)]
         dist.all_gather(gathered, mine)
         rounds = torch.stack(gathered, dim=1)  # [rounds, world, micro]
