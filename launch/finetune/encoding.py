@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from launch.finetune.examples import ChoiceExample, TaggedExample, TextExample
@@ -138,15 +139,36 @@ def _add_context(examples, per_word, i, ids, labels, budget):
     return ids, labels
 
 
+def loss_weights(features: Sequence[Feature]) -> list[int] | None:
+    """Positions that carry loss per feature (labelled tokens) for per-token labels; None when each
+    feature carries one loss term (classification, regression, choice, QA spans)."""
+    labels = [getattr(f, "label", None) for f in features]
+    if not labels or not isinstance(labels[0], list):
+        return None
+    return [sum(lab != IGNORE for lab in seq) for seq in labels]
+
+
 class LengthGroupedBatches:
     """Random batches of similar length (HF's `group_by_length`): less padding, same examples per epoch.
 
-    Each epoch shuffles, cuts the order into mega-batches of 50 batches, sorts each by length and
-    splits it into batches, then shuffles the batches. Deterministic given the generator's seed.
+    Each epoch shuffles, cuts the order into mega-batches of `mega` batches, sorts each by length and
+    splits it into batches, then shuffles the batches. `mega` defaults as in transformers'
+    `get_length_grouped_indices`: 50, or fewer so that there are at least 4 mega-batches (a small
+    set is never one global sort). Deterministic given the generator's seed.
+
+    `weights` (labelled tokens per feature, from `loss_weights`) is for losses averaged over tokens
+    (NER): there a batch of 32 three-word lines would weigh as much per step as a batch of 32
+    forty-word sentences, so grouping by length would over-weight short sentences' tokens (5x on
+    CoNLL-2003, costing entity F1; docs/finetune.md "Parity with transformers"). With weights, each
+    mega-batch is cut into the same number of batches, but at equal sums of weight, so every step
+    averages over about the same number of tokens, as random batches do.
     """
 
-    def __init__(self, lengths: Sequence[int], batch_size: int, generator: torch.Generator, mega: int = 50) -> None:
-        self.lengths, self.batch_size, self.generator, self.mega = list(lengths), batch_size, generator, mega
+    def __init__(self, lengths: Sequence[int], batch_size: int, generator: torch.Generator, mega: int | None = None,
+                 weights: Sequence[int] | None = None) -> None:
+        self.lengths, self.batch_size, self.generator = list(lengths), batch_size, generator
+        self.mega = mega if mega is not None else max(1, min(len(self.lengths) // (batch_size * 4), 50))
+        self.weights = None if weights is None else [max(1, int(w)) for w in weights]
 
     def __len__(self) -> int:
         return (len(self.lengths) + self.batch_size - 1) // self.batch_size
@@ -157,9 +179,21 @@ class LengthGroupedBatches:
         batches = []
         for start in range(0, len(perm), span):
             chunk = sorted(perm[start : start + span], key=lambda i: self.lengths[i], reverse=True)
-            batches += [chunk[k : k + self.batch_size] for k in range(0, len(chunk), self.batch_size)]
+            batches += self._split(chunk)
         for b in torch.randperm(len(batches), generator=self.generator).tolist():
             yield batches[b]
+
+    def _split(self, chunk: list[int]) -> list[list[int]]:
+        if self.weights is None:
+            return [chunk[k : k + self.batch_size] for k in range(0, len(chunk), self.batch_size)]
+        n = (len(chunk) + self.batch_size - 1) // self.batch_size  # as many steps as without weights
+        cum = np.cumsum([self.weights[i] for i in chunk])
+        # Cut where the running weight first reaches j/n of the total, leaving every batch non-empty.
+        edges = [0]
+        for j, cut in enumerate(np.searchsorted(cum, cum[-1] * np.arange(1, n) / n) + 1, start=1):
+            edges.append(min(max(int(cut), edges[-1] + 1), len(chunk) - (n - j)))
+        edges.append(len(chunk))
+        return [chunk[a:b] for a, b in zip(edges, edges[1:])]
 
 
 def collate(features: Sequence[Feature], *, pad_id: int = 0, regression: bool = False) -> dict[str, torch.Tensor]:
