@@ -240,7 +240,9 @@ def load_torch_file(path: str | Path, allowed_globals: tuple[Any, ...] = (), map
         names = _UNSAFE_GLOBAL.findall(str(err))
         if names:
             raise _refusal(path, names) from None
-        raise ValueError(f"{path} is not a PyTorch tensor file ({str(err).splitlines()[-1][:200]})") from None
+        detail = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", str(err), re.S)
+        raise ValueError(f"{path}: refused to load: it is not a file of tensors and plain values "
+                         f"({detail.group(1) if detail else str(err).splitlines()[0][:200]})") from None
     except (RuntimeError, OSError, EOFError) as err:
         raise ValueError(f"{path} is truncated or not a PyTorch tensor file ({str(err).splitlines()[0][:200]})") from None
 

@@ -1,0 +1,264 @@
+"""Run directories that were damaged or tampered with (issue 11), through the real CLI.
+
+A real 8-step ZeRO-2 run on 2 gloo processes (checkpoints at steps 4, 6 and 8) is made once; each
+test damages a copy.
+- Hostile: a pickle whose payload would create a marker file. Someone who shares a run directory can
+  also rewrite `bertpipe.json`, so the poisoned file's size and sha256 are recorded there too: it
+  passes the integrity check and must be refused for what it holds, by every entry point that reads
+  a run (`export`, `features`, `finetune`, `pretrain --resume`, `checkpoint.init_from`), in one line
+  naming the file, before any training.
+- Damaged: `latest` gone, a model file cut short, metadata that does not parse, a torn last line in
+  metrics.jsonl: `--resume` continues from the newest intact checkpoint with the uninterrupted run's
+  losses, and says which one it skipped.
+- `export --out` never writes over what bertpipe did not write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from repo_paths import GLUE
+
+BERTPIPE = Path(sys.executable).with_name("bertpipe")
+STEPS = 8
+TRAIN = ["--config", "tiny", "--max-steps", str(STEPS), "--save-every", "2", "--zero.stage", "2",
+         "--checkpoint.keep-last", "3", "--log.eval-every", "0", "--log.tensorboard", "false"]
+
+
+def bertpipe(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BERTPIPE), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+@pytest.fixture(scope="module")
+def run(small_corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hostile") / "run"
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def copy_run(run: Path, dest: Path) -> Path:
+    return Path(shutil.copytree(run, dest, ignore=shutil.ignore_patterns("export", ".bertpipe.lock")))
+
+
+class Payload:
+    """Unpickling this would create `marker`: what a hostile checkpoint does, harmlessly."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def poison(run: Path, name: str, marker: Path) -> Path:
+    """The payload added to file `name` of the newest checkpoint, recorded in its bertpipe.json."""
+    from launch.pretrain.hf_export import load_checkpoint_file
+    from pipeline.manifest import sha256_file
+
+    folder = run / "checkpoints" / f"global_step{STEPS}"
+    path = folder / name
+    state = load_checkpoint_file(path)
+    state["payload"] = Payload(marker)
+    torch.save(state, path)
+    meta = json.loads((folder / "bertpipe.json").read_text())
+    meta["files"][name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    (folder / "bertpipe.json").write_text(json.dumps(meta))
+    return path
+
+
+def assert_refused(done: subprocess.CompletedProcess, path: Path, marker: Path) -> None:
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    assert not marker.exists(), "the pickle's payload ran"
+    assert "Traceback" not in output and "weights_only" not in output, output[-3000:]
+    lines = [line for line in output.splitlines() if str(path) in line]
+    assert len(lines) == 1, output[-3000:]
+    assert "refused to load" in lines[0] and "builtins.exec" in lines[0] and "could run code" in lines[0]
+
+
+def entry_point(command: str, checkpoint: Path, corpus: Path, tmp: Path) -> list[object]:
+    """The command line of one entry point that reads `checkpoint`."""
+    texts = tmp / "texts.txt"
+    texts.write_text("the captain was at sea.\n")
+    return {
+        "export": ["export", checkpoint, "--out", tmp / "hf"],
+        "features": ["features", "--checkpoint", checkpoint, "--input", texts, "--out", tmp / "feats"],
+        "finetune": ["finetune", "--task", "sst2", "--data-dir", GLUE, "--checkpoint", checkpoint, "--out",
+                     tmp / "sst2", "--max-train-samples", "16", "--epochs", "1", "--no-progress", "--no-save-model"],
+        # The run's own launch, as a user resumes it: 2 processes, rank 0 checks, both stop.
+        "pretrain --resume": ["pretrain", "--data", corpus, "--out", checkpoint, "--nproc", "2", *TRAIN, "--resume"],
+        "init_from": ["pretrain", "--data", corpus, "--out", tmp / "phase2", "--nproc", "1", *TRAIN,
+                      "--max-steps", "2", "--checkpoint.init-from", checkpoint],
+    }[command]
+
+
+FILES = {"model states": "mp_rank_00_model_states.pt",
+         "optimizer states": "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+         "RNG states": "rng_rank0.pt"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["export", "features", "finetune", "pretrain --resume", "init_from"])
+@pytest.mark.parametrize("kind", list(FILES))
+def test_a_pickle_in_a_run_dir_is_refused_naming_the_file(run, small_corpus, tmp_path, kind, command):
+    hostile = copy_run(run, tmp_path / "run")
+    marker = tmp_path / "PAYLOAD_RAN"
+    path = poison(hostile, FILES[kind], marker)
+    done = bertpipe(*entry_point(command, hostile, small_corpus, tmp_path))
+    assert_refused(done, path, marker)
+    assert not (tmp_path / "phase2" / "checkpoints").exists() and not (hostile / "export").exists()
+
+
+@pytest.fixture
+def hostile_hf_dir(tiny_checkpoint, tmp_path) -> tuple[Path, Path, Path]:
+    """An HF directory whose only weights are a `pytorch_model.bin` carrying the payload."""
+    from safetensors.torch import load_file
+
+    hf = Path(shutil.copytree(tiny_checkpoint, tmp_path / "hf_model"))
+    state = load_file(hf / "model.safetensors")
+    (hf / "model.safetensors").unlink()
+    marker = tmp_path / "PAYLOAD_RAN"
+    torch.save({**state, "payload": Payload(marker)}, hf / "pytorch_model.bin")
+    return hf, hf / "pytorch_model.bin", marker
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["features", "finetune", "init_from"])
+def test_a_pickle_in_an_hf_pytorch_model_bin_is_refused(hostile_hf_dir, small_corpus, tmp_path, command):
+    hf, path, marker = hostile_hf_dir
+    assert_refused(bertpipe(*entry_point(command, hf, small_corpus, tmp_path)), path, marker)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_legacy_pickle_file_and_a_cut_short_file_are_refused_in_one_line(tmp_path):
+    """The same one path for `torch.save`'s old non-zip format and for a file cut short."""
+    import pickle
+
+    from model.hf import check_torch_file, load_torch_file
+
+    marker = tmp_path / "PAYLOAD_RAN"
+    legacy = tmp_path / "pytorch_model.bin"
+    for protocol, why in ((2, "it references exec"), (4, "it is not a file of tensors")):
+        legacy.write_bytes(pickle.dumps(Payload(marker), protocol=protocol))
+        for check in (check_torch_file, load_torch_file):
+            with pytest.raises(ValueError, match=rf"pytorch_model.bin: refused to load: {why}"):
+                check(legacy)
+    cut = tmp_path / "cut.pt"
+    torch.save({"w": torch.ones(1000)}, cut)
+    cut.write_bytes(cut.read_bytes()[:1500])
+    for check in (check_torch_file, load_torch_file):
+        with pytest.raises(ValueError, match=r"cut.pt is truncated or not a PyTorch tensor file"):
+            check(cut)
+    assert not marker.exists()
+
+
+# ---- damaged run directories: verify and fall back ------------------------------------------------
+
+
+def metrics(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert len({r["step"] for r in records}) == len(records), "a step appears twice in metrics.jsonl"
+    return {r["step"]: r["loss"] for r in records}
+
+
+def stopped_after(run: Path, dest: Path, saved: int, logged: int) -> Path:
+    """A copy of `run` as a run killed after saving step `saved` and logging step `logged`, its last
+    metrics line torn mid-write."""
+    out = copy_run(run, dest)
+    for tag in (out / "checkpoints").glob("global_step*"):
+        if int(tag.name.removeprefix("global_step")) > saved:
+            shutil.rmtree(tag)
+    (out / "checkpoints" / "latest").write_text(f"global_step{saved}\n")
+    lines = (out / "metrics.jsonl").read_text().splitlines()[:logged + 1]
+    (out / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:25])
+    return out
+
+
+@pytest.mark.slow
+def test_resume_without_latest_continues_from_the_newest_checkpoint(run, small_corpus, tmp_path):
+    out = stopped_after(run, tmp_path / "run", saved=6, logged=7)
+    (out / "checkpoints" / "latest").unlink()
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "latest is missing: using the newest complete checkpoint, global_step6" in done.stderr
+    assert "resumed from global_step6" in done.stderr and "last line was cut short" in done.stderr
+    # The history is kept, and the steps after the checkpoint are the uninterrupted run's, bit for bit.
+    assert metrics(out) == metrics(run)
+
+
+@pytest.mark.slow
+def test_resume_skips_a_cut_short_checkpoint_for_the_previous_one(run, small_corpus, tmp_path):
+    out = stopped_after(run, tmp_path / "run", saved=6, logged=6)
+    model_file = out / "checkpoints" / "global_step6" / "mp_rank_00_model_states.pt"
+    model_file.write_bytes(model_file.read_bytes()[:100_000])
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    skipped = [line for line in done.stderr.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and str(model_file) in skipped[0] and "has 100000 bytes" in skipped[0], skipped
+    assert "resumed from global_step4" in done.stderr
+    assert metrics(out) == metrics(run)
+
+
+def test_metadata_that_does_not_parse_names_its_file(run, tmp_path):
+    out = copy_run(run, tmp_path / "run")
+    meta = out / "checkpoints" / f"global_step{STEPS}" / "bertpipe.json"
+    meta.write_text("garbage {")
+    done = bertpipe("export", out, "--out", tmp_path / "hf", "--tag", f"global_step{STEPS}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{meta} is not valid JSON" in done.stderr.strip().splitlines()[-1]
+    # Without --tag the damaged checkpoint is skipped, named, and the previous one exported.
+    done = bertpipe("export", out, "--out", tmp_path / "hf")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"skipped: {meta} is not valid JSON" in done.stderr
+    assert json.loads((tmp_path / "hf" / "bertpipe_export.json").read_text())["tag"] == f"global_step{STEPS - 2}"
+
+
+# ---- export --out --------------------------------------------------------------------------------
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()}
+
+
+def test_export_out_never_writes_over_what_bertpipe_did_not_write(run, tmp_path):
+    out = copy_run(run, tmp_path / "runs" / "run")
+    foreign = tmp_path / "sst2"  # e.g. a fine-tuning output folder
+    foreign.mkdir()
+    (foreign / "metrics.json").write_text("{}")
+    (foreign / "config.json").write_text('{"mine": true}')
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("keep me")
+    before = {d: snapshot(d) for d in (out, foreign, workdir)}
+
+    refusals = {
+        (str(foreign),): "is not empty and holds no export of",
+        (str(out), "--overwrite"): "is the run directory",
+        (str(out / "checkpoints"), "--overwrite"): "lies inside the run directory",
+        (str(tmp_path / "runs"), "--overwrite"): "is the run directory",  # its parent
+        (".", "--overwrite"): "is the working directory",
+    }
+    for args, why in refusals.items():
+        done = bertpipe("export", out, "--out", *args, cwd=workdir)
+        assert done.returncode == 2 and why in done.stderr, (args, done.stderr[-2000:])
+        assert {d: snapshot(d) for d in (out, foreign, workdir)} == before, args
+    assert not list(tmp_path.glob("**/.sst2-*")) and not (out / "export").exists()
+
+    # --overwrite writes the export's files; the folder's own files it did not write stay.
+    done = bertpipe("export", out, "--out", foreign, "--overwrite")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (foreign / "metrics.json").read_text() == "{}" and (foreign / "model.safetensors").is_file()
+    assert "bertpipe did not write, left as they are: metrics.json" in done.stderr
+    # An earlier export of the same run is replaced without --overwrite.
+    assert bertpipe("export", out, "--out", foreign).returncode == 0
