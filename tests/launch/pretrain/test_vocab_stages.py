@@ -101,7 +101,7 @@ def test_every_stage_decides_the_same_casing_and_tokenizes_alike(stages, casing)
 def test_padded_vocab_run_exports_the_real_rows_and_loads_in_transformers(stages, casing):
     import transformers
 
-    from launch.pretrain.checkpoints import read_latest, read_meta
+    from launch.checkpoint_dirs import read_latest, read_meta
     from launch.pretrain.hf_export import consolidated_state_dict
 
     s = stages[casing]
