@@ -287,6 +287,37 @@ class Trainer:
         stats[2:6] += counts
         stats[6] += batch["attention_mask"].sum()
 
+    def run_step(self, batches: Any) -> tuple[list[float], list[torch.Tensor], float, bool]:
+        """One optimizer step from the loader iterator `batches`: the micro-steps, the step's one host
+        sync, then the update (none if a loss was not finite). Returns the summed statistics (see
+        below), this rank's sample ids, the update's lr and whether it was applied. `train()` runs it,
+        and `bench/pretrain_gpu.py` times it."""
+        # [loss_sum, micro_batches, mlm_correct, mlm_total, nsp_correct, nsp_total, tokens, stop],
+        # then one non-finite flag per micro-batch of the step.
+        stats = torch.zeros(8 + self.grad_accum, dtype=torch.float64, device=self.device)
+        sample_ids: list[torch.Tensor] = []
+        for micro in range(self.grad_accum):
+            batch, self.position = next(batches)
+            sample_ids.append(batch["sample_index"])
+            self._micro_step(batch, stats, stats[8 + micro])
+            if micro + 1 < self.grad_accum:
+                self.engine.step()  # inside the accumulation: DeepSpeed counts the micro-step
+        assert self.engine.is_gradient_accumulation_boundary(), "micro-steps out of step with DeepSpeed's"
+        # The lr this update uses: engine.step() advances the schedule at the boundary.
+        lr = float(self.engine.get_lr()[0])
+        stats[7] = 1.0 if self._stop_signal is not None else 0.0
+        # The step's one host sync: every rank's statistics, stop request and non-finite flags.
+        dist.all_reduce(stats)  # also agrees on stopping: every rank saves at the same step
+        host = stats.tolist()
+        if any(host[8:]):
+            self.nonfinite_total += self.skipper.skip(self.engine, host[8:], sample_ids, self.step + 1,
+                                                      self.nonfinite_total)
+            return host, sample_ids, lr, False
+        self.skipper.in_a_row = 0
+        self.engine.step()
+        self.step += 1
+        return host, sample_ids, lr, True
+
     def train(self) -> int:
         cfg = self.cfg
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -296,35 +327,14 @@ class Trainer:
         t_last, ema_step_time = time.monotonic(), None
         try:
             while self.step < cfg.schedule.total_steps:
-                # [loss_sum, micro_batches, mlm_correct, mlm_total, nsp_correct, nsp_total, tokens, stop],
-                # then one non-finite flag per micro-batch of the step.
-                stats = torch.zeros(8 + self.grad_accum, dtype=torch.float64, device=self.device)
-                sample_ids: list[torch.Tensor] = []
-                for micro in range(self.grad_accum):
-                    batch, self.position = next(batches)
-                    sample_ids.append(batch["sample_index"])
-                    self._micro_step(batch, stats, stats[8 + micro])
-                    if micro + 1 < self.grad_accum:
-                        self.engine.step()  # inside the accumulation: DeepSpeed counts the micro-step
-                assert self.engine.is_gradient_accumulation_boundary(), "micro-steps out of step with DeepSpeed's"
-                # The lr this update uses: engine.step() advances the schedule at the boundary.
-                lr = float(self.engine.get_lr()[0])
-                stats[7] = 1.0 if self._stop_signal is not None else 0.0
-                # The step's one host sync: every rank's statistics, stop request and non-finite flags.
-                dist.all_reduce(stats)  # also agrees on stopping: every rank saves at the same step
-                host = stats.tolist()
-                if any(host[8:]):  # not applied; the next step retries with the next global batch
-                    self.nonfinite_total += self.skipper.skip(self.engine, host[8:], sample_ids, self.step + 1,
-                                                              self.nonfinite_total)
+                host, sample_ids, lr, applied = self.run_step(batches)
+                if not applied:  # a non-finite loss: the next step retries with the next global batch
                     if host[7] > 0:
                         log.info("stopped by signal at step %d; continue with --resume", self.step)
                         if last_saved != self.step:
                             self.save()
                         return 0
                     continue
-                self.skipper.in_a_row = 0
-                self.engine.step()
-                self.step += 1
                 ids = self._gather_ids(sample_ids) if cfg.log.sample_ids else None
                 now = time.monotonic()
                 step_time, t_last = now - t_last, now

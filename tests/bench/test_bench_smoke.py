@@ -1,4 +1,5 @@
-"""bench/model_step.py runs end to end (tiny config, one timed step) and prints its ratio line."""
+"""bench/model_step.py runs end to end (tiny config, one timed step) and prints its ratio line; the GPU
+pre-training benchmark runs its CPU smoke."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from repo_paths import REPO
 
@@ -23,3 +26,19 @@ def test_model_step_benchmark_runs_and_reports_a_ratio():
     # here: CI machines are shared and noisy. This checks the ratio is computed and reported.
     ratio = float(row[0].split()[-1].rstrip("x"))
     assert ratio > 0.0, row[0]
+
+
+@pytest.mark.slow
+def test_pretrain_gpu_benchmark_cpu_smoke_times_both_models(small_corpus):
+    """bench/pretrain_gpu.py --cpu-smoke: the trainer's own step and transformers' under the same
+    DeepSpeed config, interleaved, with the split, padding and profiler lines (checks the script, not speed)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "pretrain_gpu.py"), "--cpu-smoke", "--corpus", str(small_corpus)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line.split()[3]: line.split() for line in out.stdout.splitlines() if line.startswith(" 128")}
+    assert set(rows) == {"ours", "transformers"}, out.stdout
+    assert float(rows["ours"][4]) > 0 and rows["transformers"][-1] == "1.00x"
+    assert "attention kernels" in out.stdout and "top kernels" in out.stdout and "recompiles" in out.stdout

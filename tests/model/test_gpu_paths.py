@@ -27,20 +27,25 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def test_varlen_bf16_matches_eager_fp32(monkeypatch):
-    import torch.nn.attention.varlen as varlen
+def _count_varlen(monkeypatch) -> list[int]:
+    """The unpadded path falls back to re-padding with one log line: count the varlen calls that
+    succeed, so that a test checks the varlen kernel and not the fallback."""
+    import model.attention as attention
 
-    # The unpadded path falls back to re-padding silently (one log line): count the varlen calls
-    # that succeed, so that this tests the varlen kernel and not the fallback.
-    calls = []
-    real_varlen = varlen.varlen_attn
+    calls: list[int] = []
+    real = attention.varlen_flash_attention
 
-    def counting_varlen(*args, **kwargs):
-        out = real_varlen(*args, **kwargs)
+    def counting(*args, **kwargs):
+        out = real(*args, **kwargs)
         calls.append(1)
         return out
 
-    monkeypatch.setattr(varlen, "varlen_attn", counting_varlen)
+    monkeypatch.setattr(attention, "varlen_flash_attention", counting)
+    return calls
+
+
+def test_varlen_bf16_matches_eager_fp32(monkeypatch):
+    calls = _count_varlen(monkeypatch)
     torch.manual_seed(0)
     config = BertConfig.preset("base", attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
     ref = BertModel(config.replace(attention_impl="eager")).cuda().eval()
@@ -53,6 +58,69 @@ def test_varlen_bf16_matches_eager_fp32(monkeypatch):
     real = mask.bool()
     assert _rel_err(b[real], a[real]) < 2e-2
     assert len(calls) == config.num_hidden_layers, "unpad re-padded instead of running varlen attention"
+
+
+def test_varlen_training_with_dropout_0_matches_the_repadded_path_and_its_gradients(monkeypatch):
+    calls = _count_varlen(monkeypatch)
+    torch.manual_seed(0)
+    config = BertConfig.preset("base", attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, unpad=True)
+    ids, types, mask, positions = _batch("cuda")
+    grads, logits = [], []
+    for on_cuda in (False, True):  # the re-padded reference on CPU fp32, varlen on CUDA bf16
+        torch.manual_seed(0)
+        model = BertForPreTraining(config).train()
+        if on_cuda:
+            model = model.cuda().to(torch.bfloat16)
+        dev = "cuda" if on_cuda else "cpu"
+        out = model(ids.to(dev), types.to(dev), mask.to(dev), positions.to(dev))
+        out.mlm_logits.float().logsumexp(-1).mean().backward()
+        logits.append(out.mlm_logits.float().cpu())
+        grads.append(model.bert.encoder.layers[0].attention.qkv.weight.grad.float().cpu())
+    assert len(calls) == config.num_hidden_layers
+    assert _rel_err(logits[1], logits[0]) < 3e-2
+    assert _rel_err(grads[1], grads[0]) < 5e-2
+
+
+def test_varlen_with_attention_dropout_has_the_repadded_paths_loss_statistics(monkeypatch):
+    """Dropout masks differ between kernels, so compare distributions: the mean MLM loss over seeds of
+    varlen flash attention with dropout 0.1 equals the re-padded SDPA path's within their spread."""
+    calls = _count_varlen(monkeypatch)
+    config = BertConfig.preset("base", attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.0, unpad=True)
+    ids, types, mask, positions = _batch("cuda")
+    torch.manual_seed(0)
+    base = BertForPreTraining(config).cuda().to(torch.bfloat16).train()
+    losses = {}
+    for varlen in (False, True):
+        for layer in base.bert.encoder.layers:
+            layer.attention.varlen_dropout = varlen
+        values = []
+        for seed in range(24):
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                out = base(ids, types, mask, positions)
+            values.append(float(out.mlm_logits.float().logsumexp(-1).mean()))
+        losses[varlen] = torch.tensor(values)
+    assert len(calls) == 24 * config.num_hidden_layers  # only the varlen_dropout=True runs used it
+    a, b = losses[False], losses[True]
+    spread = float(torch.sqrt(a.var() / len(a) + b.var() / len(b)))
+    assert abs(float(a.mean() - b.mean())) < 4 * spread + 1e-3, (a.mean(), b.mean(), spread)
+    assert float(a.std()) > 0 and float(b.std()) > 0  # dropout really ran on both paths
+
+
+def test_blockwise_loss_on_bf16_logits_matches_fp32_on_cuda():
+    from model import masked_lm_loss
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5120, 30522, generator=g) * 3).to("cuda", torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 30522, (5120,), generator=g).cuda()
+    labels[::5] = -100
+    loss = masked_lm_loss(logits, labels)
+    loss.backward()
+    ref_in = logits.detach().float().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(ref_in, labels, ignore_index=-100)
+    ref.backward()
+    assert abs(float(loss) - float(ref)) < 1e-4 * float(ref)
+    assert _rel_err(logits.grad, ref_in.grad) < 1e-2
 
 
 def test_compiled_unpadded_pretraining_bf16_matches_eager():
