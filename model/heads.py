@@ -1,4 +1,5 @@
-"""Fine-tuning heads of the paper's Figure 4: each returns logits; losses are the caller's.
+"""Fine-tuning heads of the paper's Figure 4, and Table 7's heads on frozen features: each returns logits;
+losses are the caller's.
 
 Shape legend: B batch, L length, C labels or choices, H hidden.
 """
@@ -95,3 +96,61 @@ class BertForMultipleChoice(nn.Module):
 
         pooled = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask)).pooled_output
         return self.classifier(self.dropout(pooled)).view(b, c)
+
+
+# ---- the feature-based approach (the paper's Table 7): heads on frozen activations --------------------
+# Shape legend here: K chosen layers, F combined feature width (H, or K*H when concatenated), D LSTM units.
+
+
+class ScalarMix(nn.Module):
+    """ELMo's learned layer mix, Table 7's "weighted sum": gamma * sum_k softmax(w)_k h_k."""
+
+    def __init__(self, num_layers: int) -> None:
+        super().__init__()
+        self.weights = nn.Parameter(torch.zeros(num_layers))  # equal weights at the start
+        self.gamma = nn.Parameter(torch.ones(()))
+
+    def forward(self, layers_BLKH: torch.Tensor) -> torch.Tensor:
+        return self.gamma * torch.einsum("blkh,k->blh", layers_BLKH, self.weights.softmax(0))
+
+
+class FrozenFeatureHead(nn.Module):
+    """A new head on frozen activations [B, L, K, H]: combine the K layers (concat, sum or ScalarMix),
+    then a two-layer BiLSTM (`lstm_hidden` units per direction; 0 = none, a linear head) and a linear
+    classifier, as in the paper's "two-layer 768-dimensional BiLSTM before the classification layer".
+
+    per_token=True: [B, L, C] logits at every position (NER). per_token=False: [B, C] for the text,
+    from the BiLSTM's last states of both directions, or without a BiLSTM from the [CLS] position.
+    """
+
+    def __init__(self, num_layers: int, hidden_size: int, num_labels: int, *, combine: str, per_token: bool,
+                 lstm_hidden: int = 768, lstm_layers: int = 2, dropout: float = 0.1) -> None:
+        super().__init__()
+        if combine not in ("concat", "sum", "weighted"):
+            raise ValueError(f"combine must be concat, sum or weighted, got {combine!r}")
+        self.combine, self.per_token = combine, per_token
+        self.mix = ScalarMix(num_layers) if combine == "weighted" else None
+        width = hidden_size * num_layers if combine == "concat" else hidden_size
+        self.dropout = nn.Dropout(dropout)
+        self.lstm = (nn.LSTM(width, lstm_hidden, num_layers=lstm_layers, bidirectional=True, batch_first=True,
+                             dropout=dropout if lstm_layers > 1 else 0.0) if lstm_hidden > 0 else None)
+        self.classifier = nn.Linear(2 * lstm_hidden if self.lstm is not None else width, num_labels)
+
+    def forward(self, layers_BLKH: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.combine == "concat":
+            x_BLF = layers_BLKH.flatten(2)
+        elif self.combine == "sum":
+            x_BLF = layers_BLKH.sum(2)
+        else:
+            x_BLF = self.mix(layers_BLKH)
+        x_BLF = self.dropout(x_BLF)
+        if self.lstm is None:
+            return self.classifier(x_BLF if self.per_token else x_BLF[:, 0])
+        # Packed, so that padding never enters the backward direction.
+        lengths = attention_mask.sum(1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(x_BLF, lengths, batch_first=True, enforce_sorted=False)
+        out, (h_n, _) = self.lstm(packed)
+        if not self.per_token:
+            return self.classifier(self.dropout(torch.cat([h_n[-2], h_n[-1]], dim=-1)))  # [B, 2D]
+        out_BLD, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x_BLF.shape[1])
+        return self.classifier(self.dropout(out_BLD))

@@ -1,8 +1,10 @@
 """Contextual features from a BERT checkpoint: the paper's feature-based approach (its Table 7).
 
-Every row of Table 7 is a `layers` choice: `embeddings`, `second-to-last`, `last`, `last4-sum`,
-`last4-concat`, `all-sum` (the sum of all encoder layers), or explicit indices `N[,M...]`
-(0 = embeddings, 1..L = encoder layers, negative counts from the last; several are concatenated).
+Every row of Table 7 is a `layers` choice: `embeddings`, `second-to-last`, `last`, `last4-weighted`,
+`last4-concat`, `all-weighted` (the paper's weighted sums: scalar weights learned with the task, as
+in ELMo, so only `finetune --feature-based` takes them), the plain sums `last4-sum` and `all-sum`, or
+explicit indices `N[,M...]` (0 = embeddings, 1..L = encoder layers, negative counts from the last;
+several are concatenated).
 `pool` chooses one vector per text (`cls`, masked `mean`) or per-token vectors (`none`).
 
 Shape legend: B batch, L length, H hidden, F feature width (H, or kH for concatenations).
@@ -26,13 +28,14 @@ from pipeline.vocab import Vocab, check_embedding_rows
 
 logger = logging.getLogger(__name__)
 
-NAMED_LAYERS = ("embeddings", "last", "second-to-last", "last4-concat", "last4-sum", "all-sum")
+NAMED_LAYERS = ("embeddings", "last", "second-to-last", "last4-concat", "last4-sum", "all-sum", "last4-weighted",
+                "all-weighted")
 
 
 @dataclass
 class LayerSelection:
     indices: list[int]  # into hidden_states: 0 = embeddings, i = output of layer i
-    combine: Literal["concat", "sum"]
+    combine: Literal["concat", "sum", "weighted"]  # weighted: softmax-normalised weights learned by a head
 
 
 def parse_layers(spec: str, num_layers: int) -> LayerSelection:
@@ -46,6 +49,8 @@ def parse_layers(spec: str, num_layers: int) -> LayerSelection:
         "last4-concat": (list(range(last - 3, last + 1)), "concat"),
         "last4-sum": (list(range(last - 3, last + 1)), "sum"),
         "all-sum": (list(range(1, last + 1)), "sum"),
+        "last4-weighted": (list(range(last - 3, last + 1)), "weighted"),
+        "all-weighted": (list(range(1, last + 1)), "weighted"),
     }
     if spec in named:
         indices, combine = named[spec]
@@ -122,6 +127,9 @@ class FeatureExtractor:
         check_embedding_rows(self.tokenizer.get_vocab_size(), self.model.config.vocab_size,
                              vocab=str(checkpoint / "vocab.txt"), model=f"checkpoint {checkpoint}")
         self.layers = parse_layers(cfg.layers, self.model.config.num_hidden_layers)
+        if self.layers.combine == "weighted":
+            raise ValueError(f"--layers {cfg.layers}: its weights are learned with a task; use `bertpipe finetune "
+                             f"--feature-based --layers {cfg.layers}`, or the plain sum {cfg.layers.replace('weighted', 'sum')}")
         self.truncated = 0
 
     @property

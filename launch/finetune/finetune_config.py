@@ -28,7 +28,14 @@ class FinetuneConfig:
       doc_stride, max_query_length, n_best, max_answer_length: SQuAD windows and answer decoding.
       doc_context: NER windows filled with the neighbouring sentences of the document.
     Run:
-      freeze: train only the task head on frozen BERT features (the feature-based approach, cheap).
+      freeze: fine-tune the task model with the encoder's weights fixed (its own head; the encoder still
+        runs every step, with dropout). Not the paper's feature-based approach: that is feature_based.
+    Feature-based (the paper's Table 7; launch/finetune/feature_based.py):
+      feature_based: train a new head (feature_head: a two-layer BiLSTM of lstm_hidden units per
+        direction then linear, or linear only; lr feature_lr) on the frozen activations of `layers`
+        (any `bertpipe features --layers` choice, plus the learned ELMo-style weighted sums
+        last4-weighted / all-weighted), computed once per checkpoint, data, split and max_seq_len and
+        cached in feature_cache.
       device: auto | cpu | cuda; precision: auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16.
       threads: torch CPU threads (None: leave as set by OMP_NUM_THREADS).
       save_model: write the fine-tuned model (HF format) to OUT/model; sweeps turn it off by default.
@@ -61,7 +68,13 @@ class FinetuneConfig:
     n_best: int = 20  # squad: start/end candidates considered
     max_answer_length: int = 30  # squad: longest answer in tokens
     doc_context: bool = False  # conll2003/tag: fill windows with the document's neighbouring sentences
-    freeze: bool = False  # train only the task head on frozen BERT features (feature-based, fast)
+    freeze: bool = False  # fine-tune the task model with the encoder's weights fixed (its head on the last layer, run each step with dropout; any task; saves the model); Table 7's cached approach is --feature-based
+    feature_based: bool = False  # Table 7's feature-based approach: a new head on frozen activations of --layers, computed once and cached
+    layers: str = "last"  # --feature-based: embeddings|second-to-last|last|last4-weighted|last4-concat|all-weighted|last4-sum|all-sum|N[,M...]
+    feature_head: Literal["bilstm", "linear"] = "bilstm"  # --feature-based: two-layer BiLSTM then linear (the paper's), or linear only
+    lstm_hidden: int = 768  # --feature-based: BiLSTM hidden size per direction (the paper's 768)
+    feature_lr: float = 1e-3  # --feature-based: peak lr of the randomly initialised head (--lr is fine-tuning's)
+    feature_cache: str | None = None  # --feature-based: activation cache dir (null: $XDG_CACHE_HOME/bertpipe/features, ~/.cache/...)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = cuda if available, else cpu
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
     threads: int | None = None  # torch CPU threads (null: as OMP_NUM_THREADS sets)
@@ -86,6 +99,9 @@ class FinetuneConfig:
             (1 <= self.doc_stride, f"--doc-stride must be >= 1, got {self.doc_stride}"),
             (self.max_query_length >= 1, "--max-query-length must be >= 1"),
             (self.n_best >= 1 and self.max_answer_length >= 1, "--n-best and --max-answer-length must be >= 1"),
+            (self.lstm_hidden >= 1, f"--lstm-hidden must be >= 1, got {self.lstm_hidden}"),
+            (self.feature_lr > 0, f"--feature-lr must be positive, got {self.feature_lr}"),
+            (not (self.freeze and self.feature_based), "--freeze and --feature-based are two different setups; choose one"),
         ]
         for ok, message in checks:
             if not ok:
@@ -99,7 +115,7 @@ Pool = Literal["none", "cls", "mean"]
 class FeaturesConfig:
     """`bertpipe features` settings (CLI flags map onto these fields)."""
 
-    layers: str = "last"  # embeddings|last|second-to-last|last4-concat|last4-sum|all-sum|N[,M...] (negative: --layers=-2,-1)
+    layers: str = "last"  # embeddings|last|second-to-last|last4-concat|last4-sum|all-sum|N[,M...] (negative: --layers=-2,-1); the learned *-weighted sums need finetune --feature-based
     pool: Pool = "mean"  # none: per-token vectors to Parquet; cls / mean: one vector per text to .npy
     batch_size: int = 32  # texts per forward pass
     max_seq_len: int = 512  # texts longer than this (in word pieces, with [CLS]/[SEP]) are truncated

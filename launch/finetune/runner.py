@@ -120,8 +120,13 @@ class Finetuner:
         logger.info("%s: %d train examples (%d features), evals %s; featurised in %.1fs", self.task.name,
                     len(self.data.train), len(self.train_feats),
                     ", ".join(f"{s.name}={len(s.examples)}" for s in self.data.evals), time.perf_counter() - t0)
+        self.load_model()
+
+    def load_model(self) -> None:
+        """The task model of the paper's Figure 4 from the checkpoint (the feature-based run replaces this)."""
         from model.hf import load_pretrained
 
+        cfg = self.cfg
         torch.manual_seed(cfg.seed)  # head initialisation
         try:
             model, report = load_pretrained(_model_class(self.task.model_kind), self.ckpt.hf_dir,
@@ -247,4 +252,8 @@ class Finetuner:
 
 def finetune(cfg: FinetuneConfig, **kwargs: Any) -> dict[str, Any]:
     """Run one fine-tuning job; returns what it wrote to OUT/metrics.json."""
+    if cfg.feature_based:  # the paper's Table 7: a head on cached frozen activations
+        from launch.finetune.feature_based import FeatureBasedFinetuner
+
+        return FeatureBasedFinetuner(cfg, **kwargs).run()
     return Finetuner(cfg, **kwargs).run()

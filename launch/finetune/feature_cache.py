@@ -1,0 +1,198 @@
+"""Frozen-encoder activations on disk: computed once per (checkpoint, data, split, max_seq_len) and
+layer, then read back by every trial and seed of feature-based fine-tuning (the paper's Table 7).
+
+Layout under the cache root, one folder per split's inputs:
+
+    ROOT/<key>/layer-<k>.safetensors   one fp16 tensor `hidden` [T, H]: the T tokens of every feature
+                                       of the split, concatenated in feature order (hidden state k:
+                                       0 = embeddings, i = output of encoder layer i)
+    ROOT/<key>/layer-<k>.json          what it was computed from, its shape and sha256 (written last:
+                                       a layer without its record does not exist)
+    ROOT/<key>/.lock                   held while layers are computed, so concurrent trials wait and
+                                       then read, instead of running the encoder twice
+
+<key> is a sha256 of the format version, the checkpoint (config.json and every weight file's sha256),
+the task, split and max_seq_len, and the token ids of the split's features (which pin the data, the
+subset, the tokenizer and the windowing). Layers are stored one by one, so the rows of Table 7 that
+share layers (last4-weighted and last4-concat; the last four and all layers) compute them once.
+fp16 halves the disk; the heads compute in fp32. Files are written under a temporary name and
+renamed; on the way back in the sha256, dtype and shape are checked, and a damaged layer is logged and
+computed again. Only tensors are stored (safetensors), never pickles.
+
+Shape legend: T tokens of a split, H hidden, K chosen layers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from pipeline.manifest import sha256_file
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "bertpipe-feature-cache"
+VERSION = 1
+STORED_DTYPE = torch.float16
+
+
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/bertpipe/features (~/.cache/bertpipe/features): shared by runs, sweeps and seeds."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bertpipe" / "features"
+
+
+_CHECKPOINT_DIGESTS: dict[tuple, str] = {}
+
+
+def checkpoint_digest(hf_dir: Path) -> str:
+    """sha256 over config.json and every weight file's sha256 (memoised per process on size and mtime)."""
+    files = sorted(p for p in hf_dir.iterdir() if p.name == "config.json" or p.suffix in (".safetensors", ".bin")
+                   or p.name.endswith(".index.json"))
+    stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    key = (str(hf_dir.resolve()), stamp)
+    if key not in _CHECKPOINT_DIGESTS:
+        h = hashlib.sha256()
+        for p in files:
+            h.update(f"{p.name}:{sha256_file(p)}\n".encode())
+        _CHECKPOINT_DIGESTS[key] = h.hexdigest()
+    return _CHECKPOINT_DIGESTS[key]
+
+
+def data_digest(feats: Sequence) -> str:
+    """sha256 of the features' token ids and segment ids, feature by feature."""
+    h = hashlib.sha256()
+    for f in feats:
+        h.update(np.asarray(f.input_ids, dtype=np.int32).tobytes())
+        h.update(np.asarray(f.token_type_ids, dtype=np.int8).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0  # layers read from the cache
+    misses: int = 0  # layers computed by the encoder
+    encoder_batches: int = 0  # forward passes of the encoder run by this process
+    seconds: float = 0.0  # spent computing and writing layers
+    verify_failures: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SplitKey:
+    """What a split's activations depend on; `digest` names its cache folder."""
+
+    checkpoint: str  # checkpoint_digest
+    data: str  # data_digest
+    task: str
+    split: str
+    max_seq_len: int
+
+    @property
+    def digest(self) -> str:
+        text = json.dumps({"format": FORMAT, "version": VERSION, **self.__dict__}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class FeatureCache:
+    def __init__(self, root: str | Path, stats: CacheStats | None = None) -> None:
+        self.root = Path(root)
+        self.stats = stats or CacheStats()
+
+    def layers(self, key: SplitKey, wanted: Sequence[int], num_tokens: int, hidden: int,
+               compute: Callable[[list[int]], dict[int, torch.Tensor]]) -> torch.Tensor:
+        """[T, K, H] fp16 activations of the `wanted` layers; `compute(missing)` runs the encoder for
+        the missing ones ({layer: [T, H]}) and is not called when every layer is cached."""
+        folder = self.root / key.digest
+        found = {k: t for k in wanted if (t := self._read(folder, k, num_tokens, hidden)) is not None}
+        missing: list[int] = []
+        if len(found) < len(set(wanted)):
+            folder.mkdir(parents=True, exist_ok=True)
+            with _locked(folder / ".lock"):
+                # Another trial may have written them while we waited for the lock.
+                found.update({k: t for k in wanted if k not in found
+                              and (t := self._read(folder, k, num_tokens, hidden)) is not None})
+                missing = sorted(set(wanted) - set(found))
+                if missing:
+                    t0, batches = time.perf_counter(), self.stats.encoder_batches
+                    computed = compute(missing)
+                    for k in missing:
+                        found[k] = computed[k].to(STORED_DTYPE).contiguous()
+                        self._write(folder, k, found[k], key, self.stats.encoder_batches - batches)
+                    self.stats.seconds += time.perf_counter() - t0
+                    logger.info("feature cache: computed layers %s of %s/%s (%d tokens) in %.1fs -> %s", missing,
+                                key.task, key.split, num_tokens, time.perf_counter() - t0, folder)
+        self.stats.misses += len(missing)
+        self.stats.hits += len(set(wanted)) - len(missing)
+        if not missing:
+            logger.info("feature cache: %s/%s layers %s read from %s (encoder not run)", key.task, key.split,
+                        list(wanted), folder)
+        return torch.stack([found[k] for k in wanted], dim=1)
+
+    # -- one layer file --------------------------------------------------------------------------------------
+
+    def _read(self, folder: Path, layer: int, num_tokens: int, hidden: int) -> torch.Tensor | None:
+        record_file, data_file = folder / f"layer-{layer}.json", folder / f"layer-{layer}.safetensors"
+        if not record_file.is_file():
+            return None
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            record = json.loads(record_file.read_text(encoding="utf-8"))
+            problem = None
+            if record.get("format") != FORMAT or record.get("version") != VERSION:
+                problem = f"format {record.get('format')!r} version {record.get('version')!r}"
+            elif record.get("shape") != [num_tokens, hidden]:
+                problem = f"shape {record.get('shape')} instead of {[num_tokens, hidden]}"
+            elif not data_file.is_file() or sha256_file(data_file) != record.get("sha256"):
+                problem = "its sha256 does not match its record"
+            if problem is None:
+                tensor = load_file(data_file)["hidden"]
+                if tensor.dtype != STORED_DTYPE or list(tensor.shape) != [num_tokens, hidden]:
+                    problem = f"holds {tensor.dtype} {list(tensor.shape)}"
+                else:
+                    return tensor
+        except (OSError, ValueError, KeyError, SafetensorError) as err:
+            problem = f"unreadable ({err})"
+        self.stats.verify_failures.append(f"{data_file}: {problem}")
+        logger.warning("feature cache: %s %s; computing it again", data_file, problem)
+        return None
+
+    def _write(self, folder: Path, layer: int, tensor_TH: torch.Tensor, key: SplitKey, encoder_batches: int) -> None:
+        from safetensors.torch import save_file
+
+        data_file, record_file = folder / f"layer-{layer}.safetensors", folder / f"layer-{layer}.json"
+        tmp = folder / f".layer-{layer}.safetensors.{os.getpid()}.tmp"
+        save_file({"hidden": tensor_TH}, str(tmp))
+        record = {"format": FORMAT, "version": VERSION, "layer": layer, "shape": list(tensor_TH.shape),
+                  "dtype": str(STORED_DTYPE).removeprefix("torch."), "sha256": sha256_file(tmp),
+                  "encoder_batches": encoder_batches, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  **key.__dict__}
+        # The record goes last: it is what says the layer exists.
+        os.replace(tmp, data_file)
+        tmp_record = folder / f".layer-{layer}.json.{os.getpid()}.tmp"
+        tmp_record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp_record, record_file)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (released by the OS if the holder dies)."""
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
