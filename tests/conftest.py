@@ -4,6 +4,7 @@ checkpoint, a tiny random checkpoint with the real vocab, a WordPiece tokenizer.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,28 @@ def tokenizer():
     tok.no_padding()
     tok.no_truncation()
     return tok
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """`mount(size_bytes) -> path`: a fresh tmpfs of that size (a real full disk for the disk-full tests);
+    `mount.resize(path, size_bytes)` grows it. Needs root (CI and the dev machines); skips elsewhere."""
+    mounted: list[Path] = []
+
+    def mount(size: int) -> Path:
+        point = tmp_path / f"tmpfs{len(mounted)}"
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    def resize(point: Path, size: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(point)], check=True)
+
+    mount.resize = resize
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from launch.errors import CliError
+from launch.errors import CliError, disk_full_message
 from launch.log import get_logger, setup_logging
 
 log = get_logger(__name__)
@@ -80,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
         return _books(args, policy, show)
     except (DownloadError, ValueError) as err:
         raise CliError(str(err)) from None
-    except OSError as err:  # e.g. --out on a read-only or unwritable path
+    except OSError as err:  # e.g. --out on a read-only or unwritable path, or a full disk
+        full = disk_full_message(err, args.out)
+        if full:
+            raise CliError(f"{full} (finished and partly fetched files are kept and resumed)") from None
         raise CliError(f"{err}; check that --out is a writable directory and rerun (finished files are kept)") from None
 
 

@@ -1,7 +1,7 @@
 """A full disk is one line naming the path, and nothing is lost: real small tmpfs mounts (issue 11).
 
-Each test mounts a tmpfs of a few MB (needs root, as CI and the dev machines run; elsewhere the tests
-skip with that reason) so that the command's output cannot fit, checks the one-line message, then
+Each test mounts a tmpfs of a few MB (the `tmpfs` fixture in tests/conftest.py: needs root, as CI and
+the dev machines run; elsewhere the tests skip with that reason) so that the command's output cannot fit, checks the one-line message, then
 grows the mount (`remount,size=`) and checks that the same command continues.
 """
 
@@ -19,30 +19,6 @@ from repo_paths import DATA, VOCAB
 
 BERTPIPE = Path(sys.executable).with_name("bertpipe")
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """`mount(size_bytes) -> path`: a fresh tmpfs of that size; `resize(size_bytes)` grows it."""
-    mounted: list[Path] = []
-
-    def mount(size: int) -> Path:
-        point = tmp_path / f"tmpfs{len(mounted)}"
-        point.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    def resize(point: Path, size: int) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size}", str(point)], check=True)
-
-    mount.resize = resize
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
