@@ -101,14 +101,16 @@ def verify_checkpoint(ckpt_dir: Path, tag: str) -> str | None:
     except ValueError as err:
         return str(err)
     folder = ckpt_dir / tag
-    for name, record in meta.get("files", {}).items():  # older checkpoints recorded none
-        path = folder / name
+    try:
+        records = [(folder / name, int(r["size"]), str(r["sha256"])) for name, r in meta.get("files", {}).items()]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return f"{folder / META} has no valid `files` records (size and sha256 per file)"
+    for path, size, sha256 in records:  # checkpoints written before the records existed have none
         if not path.is_file():
             return f"{path} is missing"
-        if path.stat().st_size != record["size"]:
-            return (f"{path} has {path.stat().st_size} bytes, {META} recorded {record['size']} "
-                    f"(cut short or changed)")
-        if sha256_file(path) != record["sha256"]:
+        if path.stat().st_size != size:
+            return f"{path} has {path.stat().st_size} bytes, {META} recorded {size} (cut short or changed)"
+        if sha256_file(path) != sha256:
             return f"{path} does not match the sha256 {META} recorded (damaged or changed)"
     return None
 
@@ -162,6 +164,10 @@ def is_export_of(path: Path, run_dir: Path) -> bool:
     return isinstance(record, dict) and record.get("run") == str(Path(run_dir).resolve())
 
 
+def _is_cached_export(path: Path, run_dir: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "model.safetensors").is_file() and is_export_of(path, run_dir)
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """An HF-format directory for `path`: itself if it is one, else the export of a RUN's newest verified checkpoint."""
     path = Path(path)
@@ -177,14 +183,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if is_run_dir(path):
         ckpt_dir = path / "checkpoints"
         tags = checkpoint_tags(ckpt_dir)
-        cached = path / "export" / tags[0] if tags else None
-        if cached is not None and is_hf_dir(cached) and is_export_of(cached, path):
-            return cached  # exported earlier from the verified checkpoint: safetensors, nothing to re-check
+        if tags and _is_cached_export(path / "export" / tags[0], path):
+            return path / "export" / tags[0]  # exported earlier from the verified checkpoint: safetensors
         tag = select_checkpoint(ckpt_dir)
-        cached = path / "export" / tag
-        if not (is_hf_dir(cached) and is_export_of(cached, path)):
-            export_run(path, cached, tag=tag, verified=True)
-        return cached
+        if not _is_cached_export(path / "export" / tag, path):
+            export_run(path, path / "export" / tag, tag=tag, verified=True)
+        return path / "export" / tag
     raise ValueError(f"{path} is neither a run directory of `bertpipe pretrain` (no checkpoints/) nor a Hugging Face "
                      f"model directory (config.json and one of {', '.join(WEIGHT_FILES)}); pass one of those")
 

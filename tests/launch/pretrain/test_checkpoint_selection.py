@@ -1,0 +1,79 @@
+"""Which checkpoint of a run is loaded (`launch.checkpoint_dirs.select_checkpoint`), on real files laid
+out as `bertpipe pretrain` writes them; the end-to-end runs are in test_run_dir_safety.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch.checkpoint_dirs import META, file_records, is_run_dir, select_checkpoint, verify_checkpoint
+
+
+def save_checkpoint(ckpt_dir: Path, step: int) -> Path:
+    folder = ckpt_dir / f"global_step{step}"
+    folder.mkdir(parents=True)
+    torch.save({"module": {"w": torch.full((256,), float(step))}}, folder / "mp_rank_00_model_states.pt")
+    torch.save({"torch": torch.get_rng_state(), "numpy_pos": 3}, folder / "rng_rank0.pt")
+    (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    (folder / META).write_text(json.dumps({"step": step, "files": file_records(folder)}))
+    (ckpt_dir / "latest").write_text(folder.name + "\n")
+    return folder
+
+
+@pytest.fixture
+def ckpt_dir(tmp_path) -> Path:
+    ckpt_dir = tmp_path / "run" / "checkpoints"
+    for step in (2, 4, 6):
+        save_checkpoint(ckpt_dir, step)
+    return ckpt_dir
+
+
+def test_the_newest_verified_checkpoint_is_taken_and_each_skipped_one_named(ckpt_dir, caplog):
+    assert select_checkpoint(ckpt_dir) == "global_step6"
+    model = ckpt_dir / "global_step6" / "mp_rank_00_model_states.pt"
+    model.write_bytes(model.read_bytes()[:-10])  # cut short
+    flipped = ckpt_dir / "global_step4" / "vocab.txt"
+    flipped.write_text("[PAD]\n[UNX]\n")  # same size, other bytes
+    with caplog.at_level(logging.WARNING):
+        assert select_checkpoint(ckpt_dir) == "global_step2"
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 2
+    assert str(model) in skipped[0] and "bytes, bertpipe.json recorded" in skipped[0]
+    assert str(flipped) in skipped[1] and "does not match the sha256" in skipped[1]
+    with pytest.raises(ValueError, match="global_step6 is damaged: .*mp_rank_00_model_states.pt has"):
+        select_checkpoint(ckpt_dir, "global_step6")
+
+
+def test_latest_missing_never_means_step_zero(ckpt_dir, caplog):
+    (ckpt_dir / "latest").unlink()
+    assert is_run_dir(ckpt_dir.parent)
+    with caplog.at_level(logging.WARNING):
+        assert select_checkpoint(ckpt_dir) == "global_step6"
+    assert "latest is missing: using the newest complete checkpoint, global_step6" in caplog.text
+    for folder in ckpt_dir.glob("global_step*"):
+        (folder / "rng_rank0.pt").unlink()
+    with pytest.raises(ValueError, match=r"no complete checkpoint in .*global_step6: .*rng_rank0.pt is missing"):
+        select_checkpoint(ckpt_dir)
+
+
+def test_metadata_that_does_not_parse_names_its_file(ckpt_dir):
+    meta = ckpt_dir / "global_step6" / META
+    meta.write_text('{"step": 6, "fi')
+    assert verify_checkpoint(ckpt_dir, "global_step6").startswith(f"{meta} is not valid JSON")
+    meta.write_text('{"step": 6, "files": {"vocab.txt": {"size": "many"}}}')
+    assert verify_checkpoint(ckpt_dir, "global_step6") == f"{meta} has no valid `files` records (size and sha256 per file)"
+    assert select_checkpoint(ckpt_dir) == "global_step4"
+
+
+def test_a_file_that_could_run_code_is_refused_not_passed_over(ckpt_dir):
+    rng = ckpt_dir / "global_step6" / "rng_rank0.pt"
+    torch.save({"torch": torch.get_rng_state(), "hook": print}, rng)  # a callable: a pickle GLOBAL
+    meta = json.loads((ckpt_dir / "global_step6" / META).read_text())
+    meta["files"] = file_records(ckpt_dir / "global_step6")
+    (ckpt_dir / "global_step6" / META).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"{rng}: refused to load: it references builtins.print"):
+        select_checkpoint(ckpt_dir)
