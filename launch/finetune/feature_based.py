@@ -96,11 +96,14 @@ class FrozenEncoder:
 class FeatureBasedFinetuner(Finetuner):
     """`Finetuner` with the task model replaced by a head on cached frozen activations."""
 
-    def load_model(self) -> None:
-        cfg, kind = self.cfg, self.task.model_kind
-        if kind not in ("token", "sequence"):
+    def __init__(self, cfg, **kwargs: Any) -> None:
+        super().__init__(cfg, **kwargs)
+        if self.task.model_kind not in ("token", "sequence"):
             raise DataError(f"--feature-based trains token (conll2003, tag) and sentence (GLUE, classify, regress) "
                             f"heads; {self.task.name} needs fine-tuning (drop --feature-based)")
+
+    def load_model(self) -> None:
+        cfg, kind = self.cfg, self.task.model_kind
         hf_config = json.loads((self.ckpt.hf_dir / "config.json").read_text(encoding="utf-8"))
         self.selection = parse_layers(cfg.layers, int(hf_config["num_hidden_layers"]))
         hidden = int(hf_config["hidden_size"])
