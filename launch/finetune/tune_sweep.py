@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import yaml
 
 from launch.config import from_dict, to_dict
+from launch.finetune import table7
 from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.report import markdown_table, plot_grid, summarize
 from launch.finetune.tasks import get_task
@@ -170,7 +171,7 @@ def run_sweep(
 
     out = Path(out).resolve()
     tasks = [get_task(t).name for t in tasks]  # validates names, canonical spelling
-    grid_values = load_grid(grid)
+    grid_values = table7.GRID if table7.is_table7(grid) else load_grid(grid)
     seed_list = list(range(1, seeds + 1)) if isinstance(seeds, int) else list(seeds)
     if not seed_list:
         raise ValueError("--seeds must be at least 1")
@@ -183,7 +184,7 @@ def run_sweep(
     for key in ("task", "out"):
         base.pop(key)
     # Every trial's settings must be valid before Ray starts anything.
-    points = expand(tasks, grid_values, seed_list)
+    points = table7.points(tasks, seed_list) if table7.is_table7(grid) else expand(tasks, grid_values, seed_list)
     for p in points:
         from_dict(FinetuneConfig, {**base, **{k: v for k, v in p.items() if k != "index"}, "out": str(out)}).validate()
     exp_dir = out / EXPERIMENT
@@ -232,7 +233,7 @@ def run_sweep(
         if created_temp:  # trial outputs were already synced into OUT by Tune
             shutil.rmtree(created_temp, ignore_errors=True)
     trials.sort(key=lambda t: t["point"]["index"])
-    return write_results(out, trials, name=name or Path(checkpoint).name)
+    return write_results(out, trials, name=name or Path(checkpoint).name, grid=grid)
 
 
 # Keys Ray Tune adds to every reported result; the rest are the fine-tuning run's own metrics.
@@ -246,7 +247,10 @@ def _our_metrics(reported: dict[str, Any] | None) -> dict[str, float]:
             if not k.startswith(_RAY_KEYS) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def write_results(out: Path, trials: list[dict[str, Any]], *, name: str) -> SweepResult:
+def write_results(out: Path, trials: list[dict[str, Any]], *, name: str, grid: Any = None) -> SweepResult:
+    if table7.is_table7(grid):  # the paper's Table 7: rows of layer choices, not a grid (launch/finetune/table7.py)
+        summary, table = table7.write_results(out, trials, name=name)
+        return SweepResult(out, summary, trials, table)
     summary = summarize(trials)
     table = markdown_table(summary, name=name)
     (out / "results.json").write_text(json.dumps({"summary": summary, "trials": trials}, indent=2, default=str) + "\n")
