@@ -72,13 +72,25 @@ class FrozenEncoder:
         if self.model is None:
             from model import BertModel, load_pretrained
 
-            self.model, _ = load_pretrained(BertModel, self.hf_dir, config_overrides={"unpad": True})
+            self.model, _ = load_pretrained(BertModel, self.hf_dir, config_overrides={"unpad": True},
+                                            add_pooling_layer=False)
             self.model.to(self.device).eval()
             logger.info("loaded the frozen encoder from %s", self.hf_dir)
         hidden = self.model.config.hidden_size
         out = {k: torch.zeros(num_tokens, hidden, dtype=torch.float16) for k in layers}
         starts = np.concatenate([[0], np.cumsum([len(f.input_ids) for f in feats])])
         order = sorted(range(len(feats)), key=lambda i: len(feats[i].input_ids))
+        # Layers above the deepest one asked for are not run (the embeddings alone cost almost nothing).
+        full = self.model.encoder.layers
+        self.model.encoder.layers = full[: max(layers)]
+        try:
+            self._run(feats, layers, order, starts, out)
+        finally:
+            self.model.encoder.layers = full
+        return out
+
+    def _run(self, feats: list, layers: list[int], order: list[int], starts: np.ndarray,
+             out: dict[int, torch.Tensor]) -> None:
         for b in range(0, len(order), self.batch_size):
             idx = order[b : b + self.batch_size]
             batch = {k: v.to(self.device) for k, v in collate([feats[i] for i in idx]).items() if k != "labels"}
@@ -90,7 +102,6 @@ class FrozenEncoder:
                 h_BLH = states[k].float().cpu()
                 for r, i in enumerate(idx):
                     out[k][starts[i] : starts[i + 1]] = h_BLH[r, : starts[i + 1] - starts[i]]
-        return out
 
 
 class FeatureBasedFinetuner(Finetuner):

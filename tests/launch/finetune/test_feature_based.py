@@ -100,3 +100,30 @@ def test_bilstm_beats_a_linear_head_on_frozen_minilm_features(minilm_dir, tmp_pa
     best_linear = max(m["f1"] for m in linear)
     assert sum(m["encoder_loaded"] for m in linear + [bilstm]) == 1
     assert bilstm["f1"] > best_linear + 0.05, (bilstm["f1"], [m["f1"] for m in linear])
+
+
+def test_frozen_encoder_gives_the_full_forward_hidden_states(tiny_checkpoint, tokenizer):
+    """Only the layers up to the deepest one asked for are run; what they give is the full pass's."""
+    from launch.finetune.conll import LABELS
+    from launch.finetune.encoding import collate, tag_features
+    from launch.finetune.examples import TaggedExample
+    from launch.finetune.feature_based import FrozenEncoder
+    from launch.finetune.feature_cache import CacheStats
+    from model import BertModel, load_pretrained
+
+    examples = [TaggedExample("a", ("EU", "rejects", "German", "call"), ("B-ORG", "O", "B-MISC", "O"), "d"),
+                TaggedExample("b", ("Peter", "Blackburn"), ("B-PER", "I-PER"), "d")]
+    feats = tag_features(examples, tokenizer, max_seq_len=32, label_ids={n: i for i, n in enumerate(LABELS)})
+    tokens = sum(len(f.input_ids) for f in feats)
+    encoder = FrozenEncoder(tiny_checkpoint, torch.device("cpu"), 1, False, CacheStats())
+    model, _ = load_pretrained(BertModel, tiny_checkpoint)
+    batch = collate(feats)
+    with torch.no_grad():
+        full = model.eval()(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                            output_hidden_states=True).hidden_states
+    for layers in ([0], [1, 2]):
+        got = encoder.hidden_states(feats, layers, tokens)
+        for k in layers:
+            expected = torch.cat([full[k][r, : len(f.input_ids)] for r, f in enumerate(feats)])
+            torch.testing.assert_close(got[k].float(), expected, atol=2e-3, rtol=2e-3)  # stored as fp16
+    assert encoder.stats.encoder_batches == 4 and len(encoder.model.encoder.layers) == 2  # restored
