@@ -77,10 +77,13 @@ def run(args: argparse.Namespace) -> int:
         # The paper's grid (lr 2e-5..5e-5) suits BERT-Base/Large; a 2-layer model needs larger steps.
         grid = out / "demo_grid.yaml"
         grid.write_text("lr: [1.0e-3, 3.0e-4]\nbatch_size: [32]\nepochs: [2]\n", encoding="utf-8")
+        from launch.finetune.tune_sweep import holds_sweep
+
+        # --resume keeps the trials a previous demo finished (all of them: Ray is not even started).
         _step("sweep", [
             "sweep", "--tasks", "sst2", "--checkpoint", str(hf_dir), "--data-dir", str(DATA / "glue"),
             "--out", str(sweep_dir), "--grid", str(grid), "--max-seq-len", "64",
-        ])
+        ] + (["--resume"] if holds_sweep(sweep_dir) else []))
         table = sweep_dir / "results.md"
         if table.is_file():
             print(table.read_text(encoding="utf-8"))

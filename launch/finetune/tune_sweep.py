@@ -5,11 +5,16 @@
                        grid="quick", overrides={"max_train_samples": 2000})
     print(result.table)
 
-Runs on an embedded local Ray (private temp dir) unless an address is given (`auto`, `ray://...`) or
-the process was started by `ray job submit` (RAY_ADDRESS set). Crashed trials are retried
-(`FailureConfig(max_failures)`); an interrupted sweep continues with `resume=True`, re-running only
-unfinished or errored trials. Writes OUT/results.json, OUT/results.md (the paper's table layout)
-and OUT/sweep.png (dev metric over the grid).
+Runs on an embedded local Ray unless an address is given (`auto`, `ray://...`) or the process was
+started by `ray job submit` (RAY_ADDRESS set); the local Ray never outlives the sweep, even a killed one
+(`launch.finetune.local_ray`). Crashed trials are retried (`FailureConfig(max_failures)`).
+
+Nothing finished is run twice: a trial that finishes first writes OUT/trials/<task>-<index>/trial_result.json
+(its settings, metrics and their sha256; written, fsynced and renamed into place) and only then reports to
+Tune. `resume=True` reads these records, keeps every verified one (its settings are this sweep's settings
+for that trial) and runs only the other trials; Tune's own experiment state, which it saves every few
+seconds, is not relied on. Writes OUT/results.json, OUT/results.md (the paper's table layout) and
+OUT/sweep.png (dev metric over the grid).
 
 Test hook: `crash_first_attempt=i` (CLI: env `BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT=i`) makes trial `i`
 raise on its first attempt only, so retry handling is exercised deterministically.
@@ -18,12 +23,11 @@ raise on its first attempt only, so retry handling is exercised deterministicall
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,6 +37,7 @@ import yaml
 from launch.config import from_dict, to_dict
 from launch.finetune import table7
 from launch.finetune.finetune_config import FinetuneConfig
+from launch.finetune.local_ray import ray_session
 from launch.finetune.report import markdown_table, plot_grid, summarize
 from launch.finetune.tasks import get_task
 
@@ -44,7 +49,10 @@ GRIDS: dict[str, dict[str, list[Any]]] = {
     "quick": {"batch_size": [32], "lr": [5e-5, 3e-5], "epochs": [1]},
 }
 CRASH_ENV = "BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT"
-EXPERIMENT = "tune"
+EXPERIMENT = "tune"  # Tune's own logs and state: OUT/tune/<trial>/
+CONFIG_FILE = "sweep_config.json"
+RECORD = "trial_result.json"  # OUT/trials/<trial>/: a finished trial's settings and metrics
+NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
 
 
 class InjectedFault(RuntimeError):
@@ -102,6 +110,51 @@ def _trial_name(trial) -> str:
     return _name(trial.config["point"])
 
 
+def _settings(base: dict[str, Any], point: dict[str, Any], trials_dir: Path) -> dict[str, Any]:
+    """One trial's FinetuneConfig fields: the sweep's base, its grid point and seed, its own output folder."""
+    return {**base, **{k: v for k, v in point.items() if k != "index"}, "out": str(trials_dir / _name(point))}
+
+
+def _digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def write_record(trial_dir: Path, settings: dict[str, Any], metrics: dict[str, float]) -> Path:
+    """Record a finished trial durably: written, fsynced and renamed into place (then the folder fsynced),
+    so that a crash at any moment leaves either no record or a complete one."""
+    body = {"settings": settings, "metrics": metrics}
+    path = trial_dir / RECORD
+    tmp = trial_dir / f".{RECORD}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps({**body, "sha256": _digest(body)}, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(trial_dir, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power loss
+    finally:
+        os.close(folder)
+    return path
+
+
+def read_record(trial_dir: Path, settings: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
+    """(the recorded metrics, "") for a complete record of a trial with exactly `settings`, else (None, why)."""
+    path = trial_dir / RECORD
+    if not path.is_file():
+        return None, ""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return None, f"{path} does not parse ({err})"
+    body = {"settings": data.get("settings"), "metrics": data.get("metrics")} if isinstance(data, dict) else {}
+    if not body or data.get("sha256") != _digest(body):
+        return None, f"{path} does not match its sha256 (torn or edited)"
+    if body["settings"] != json.loads(json.dumps(settings)):
+        return None, f"{path} records a run with other settings"
+    return body["metrics"], ""
+
+
 def _trainable(config: dict[str, Any]) -> None:
     """One Ray Tune trial: one fine-tuning run, reported once at the end (the paper keeps the final model)."""
     from ray import tune
@@ -117,29 +170,17 @@ def _trainable(config: dict[str, Any]) -> None:
             marker.write_text("crashed once on purpose (test hook)\n")
             raise InjectedFault(f"trial {point['index']}: injected crash on its first attempt (test hook)")
     # Outputs go straight to OUT/trials/ (storage every node sees), not through Tune's artifact sync.
-    out = Path(config["trials_dir"]) / _name(point)
-    settings = {**config["base"], **{k: v for k, v in point.items() if k != "index"}, "out": str(out)}
-    cfg = from_dict(FinetuneConfig, settings)
-    result = finetune(cfg)
+    settings = _settings(config["base"], point, Path(config["trials_dir"]))
+    result = finetune(from_dict(FinetuneConfig, settings))
     numeric = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    # Recorded before Tune hears of it: a driver killed from here on never runs this trial again.
+    write_record(Path(settings["out"]), settings, numeric)
     tune.report(numeric)
 
 
-def _connect(address: str | None, num_cpus: int | None, temp_dir: str | None) -> tuple[bool, str | None]:
-    """Connect to Ray: (whether this call connected, and so must shut down; a temp dir it created)."""
-    import ray
-
-    if ray.is_initialized():
-        return False, None
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING)
-        return True, None
-    # A private temp dir: never share (or clean up) another Ray's default /tmp/ray.
-    created = None if temp_dir else tempfile.mkdtemp(prefix="bertpipe-ray-")
-    ray.init(num_cpus=num_cpus, _temp_dir=temp_dir or created, include_dashboard=False, logging_level=logging.WARNING)
-    logger.info("started a local Ray (%s CPUs, temp dir %s)", num_cpus or "all", temp_dir or created)
-    return True, created
+def holds_sweep(out: str | Path) -> bool:
+    """Whether `out` already holds a (finished or interrupted) sweep, which only `resume=True` continues."""
+    return (Path(out) / CONFIG_FILE).is_file() or (Path(out) / EXPERIMENT).exists()
 
 
 def run_sweep(
@@ -165,10 +206,9 @@ def run_sweep(
 
     `overrides` are FinetuneConfig fields applied to every trial (e.g. max_train_samples); `seeds`
     is a count (seeds 1..N) or explicit seeds. `gpus_per_trial=None` takes 1 GPU per trial when the
-    cluster has GPUs, else 0.
+    cluster has GPUs, else 0. With `resume=True`, trials with a verified record are kept (Ray is not
+    even started when all are), the others run.
     """
-    from ray import tune
-
     out = Path(out).resolve()
     tasks = [get_task(t).name for t in tasks]  # validates names, canonical spelling
     grid_values = table7.GRID if table7.is_table7(grid) else load_grid(grid)
@@ -185,55 +225,81 @@ def run_sweep(
         base.pop(key)
     # Every trial's settings must be valid before Ray starts anything.
     points = table7.points(tasks, seed_list) if table7.is_table7(grid) else expand(tasks, grid_values, seed_list)
+    trials_dir = out / "trials"
+    settings = {p["index"]: _settings(base, p, trials_dir) for p in points}
     for p in points:
-        from_dict(FinetuneConfig, {**base, **{k: v for k, v in p.items() if k != "index"}, "out": str(out)}).validate()
-    exp_dir = out / EXPERIMENT
-    if exp_dir.exists() and not resume:
+        from_dict(FinetuneConfig, settings[p["index"]]).validate()
+    if holds_sweep(out) and not resume:
         raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
 
-    started, created_temp = _connect(address, num_cpus, temp_dir)
-    try:
-        import ray
+    recorded: dict[int, dict[str, float]] = {}
+    for p in points if resume else ():
+        metrics, why = read_record(trials_dir / _name(p), settings[p["index"]])
+        if metrics is not None:
+            recorded[p["index"]] = metrics
+        elif why:
+            logger.warning("%s: %s; running it again", _name(p), why)
+    pending = [p for p in points if p["index"] not in recorded]
+    if resume:
+        logger.info("resuming the sweep in %s: %d of %d trials already finished, %d to run",
+                    out, len(recorded), len(points), len(pending))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_FILE).write_text(json.dumps(
+        {"tasks": tasks, "grid": grid_values, "seeds": seed_list, "base": base}, indent=2) + "\n")
+    outcomes = _run_trials(pending, base, out, address=address, num_cpus=num_cpus, temp_dir=temp_dir,
+                           cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
+                           max_failures=max_failures, crash_first_attempt=crash_first_attempt) if pending else {}
+    trials = []
+    for p in points:
+        # A trial's record is the truth; Tune's report stands in only where OUT/trials is not visible here.
+        metrics = recorded.get(p["index"]) or read_record(trials_dir / _name(p), settings[p["index"]])[0]
+        outcome = outcomes.get(p["index"], {})
+        if metrics is None and outcome.get("error") is None:
+            metrics = outcome.get("metrics")
+        error = None if metrics is not None else outcome.get("error") or "the trial did not finish"
+        trials.append({"point": p, "metrics": metrics, "error": error})
+    return write_results(out, trials, name=name or Path(checkpoint).name, grid=grid)
 
+
+def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, *, address: str | None,
+                num_cpus: int | None, temp_dir: str | None, cpus_per_trial: float, gpus_per_trial: float | None,
+                max_failures: int, crash_first_attempt: int | None) -> dict[int, dict[str, Any]]:
+    """Run `pending` as one Tune experiment in OUT/tune; per trial index, Tune's metrics or error."""
+    import ray
+    from ray import tune
+
+    with ray_session(address, num_cpus, temp_dir):
         if gpus_per_trial is None:
             gpus_per_trial = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         trainable = tune.with_resources(_trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
-        if resume and tune.Tuner.can_restore(str(exp_dir)):
-            logger.info("resuming the sweep in %s (finished trials are kept, errored ones re-run)", exp_dir)
-            tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_errored=True)
-        else:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "sweep_config.json").write_text(json.dumps(
-                {"tasks": tasks, "grid": grid_values, "seeds": seed_list, "base": base}, indent=2) + "\n")
-            tuner = tune.Tuner(
-                trainable,
-                param_space={"point": tune.grid_search(points), "base": base, "crash_first_attempt": crash_first_attempt,
-                             "fault_dir": str(out / "fault_injection"), "trials_dir": str(out / "trials")},
-                # reuse_actors: the next trial runs in a worker that already imported torch and the model code.
-                tune_config=tune.TuneConfig(trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
-                                            reuse_actors=True),
-                run_config=tune.RunConfig(
-                    name=EXPERIMENT, storage_path=str(out), verbose=1,
-                    failure_config=tune.FailureConfig(max_failures=max_failures),
-                ),
-            )
-        grid_result = tuner.fit()
-        trials = []
-        for r in grid_result:
-            trials.append({
-                "point": r.config["point"],
-                "metrics": _our_metrics(r.metrics) if r.error is None else None,
-                "error": None if r.error is None else f"{type(r.error).__name__}: {r.error}".splitlines()[0],
-            })
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
-        if created_temp:  # trial outputs were already synced into OUT by Tune
-            shutil.rmtree(created_temp, ignore_errors=True)
-    trials.sort(key=lambda t: t["point"]["index"])
-    return write_results(out, trials, name=name or Path(checkpoint).name, grid=grid)
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"point": tune.grid_search(pending), "base": base, "crash_first_attempt": crash_first_attempt,
+                         "fault_dir": str(out / "fault_injection"), "trials_dir": str(out / "trials")},
+            # reuse_actors: the next trial runs in a worker that already imported torch and the model code.
+            tune_config=tune.TuneConfig(trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+                                        reuse_actors=True),
+            run_config=tune.RunConfig(
+                name=EXPERIMENT, storage_path=str(out), verbose=1,
+                failure_config=tune.FailureConfig(max_failures=max_failures),
+            ),
+        )
+        # Ctrl-C stops the sweep at once (KeyboardInterrupt; the CLI says how to continue): Tune's own
+        # handler would instead wind down and return as if the sweep had ended. Nothing is lost either
+        # way, finished trials are recorded.
+        previous = os.environ.get(NO_TUNE_SIGINT)
+        os.environ[NO_TUNE_SIGINT] = "1"
+        try:
+            grid_result = tuner.fit()
+        finally:
+            if previous is None:
+                os.environ.pop(NO_TUNE_SIGINT, None)
+            else:
+                os.environ[NO_TUNE_SIGINT] = previous
+        return {r.config["point"]["index"]: {
+            "metrics": _our_metrics(r.metrics) if r.error is None else None,
+            "error": None if r.error is None else f"{type(r.error).__name__}: {r.error}".splitlines()[0],
+        } for r in grid_result}
 
 
 # Keys Ray Tune adds to every reported result; the rest are the fine-tuning run's own metrics.

@@ -1,4 +1,5 @@
-"""`bertpipe demo` (what `make demo` runs) end to end, with a short pre-training so the suite stays quick."""
+"""`bertpipe demo` (what `make demo` runs) end to end, with a short pre-training so the suite stays quick,
+then once more on the same --out, which reuses every finished step."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     assert len(results["trials"]) == 2
     # The inspect summary and the sweep's table both reach the user.
     assert "[CLS]" in done.stdout and "| System | SST-2 | Average |" in done.stdout
+
+    # Run again: every finished step is reused (no corpus job, pre-training, export or trial runs again).
+    kept = [out / "corpus" / "manifest.json", out / "run" / "metrics.jsonl", out / "hf_model" / "model.safetensors",
+            *sorted((out / "sweep" / "trials").glob("*/trial_result.json"))]
+    assert len(kept) == 5
+    stamps = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept}
+    again = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20"],
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept} == stamps
+    assert "demo: bertpipe pretrain" not in again.stderr and "demo: bertpipe corpus --input" not in again.stderr
+    assert "2 of 2 trials already finished, 0 to run" in again.stderr
+    assert "| System | SST-2 | Average |" in again.stdout

@@ -1,0 +1,237 @@
+"""The Ray a sweep runs on: a cluster it connects to, or a local Ray that never outlives the sweep.
+
+    with ray_session(address=None, num_cpus=2, temp_dir=None):
+        ...  # ray.tune work
+
+A local Ray is started by `ray.init` in this process. Ray ties its own services (GCS, raylet) to this
+process with PR_SET_PDEATHSIG, but not what the raylet starts (the dashboard and runtime-env agents,
+the workers running trials): killed with SIGKILL, the driver would leave those running and its temp
+dir behind. So, before `ray.init`, we start a watchdog (this file run as a script: stdlib only, in its
+own session so that neither a Ctrl-C nor a kill of the driver's process group reaches it). While the
+driver lives, the watchdog keeps a list of the driver's descendants (pid and start time, every
+`POLL_S`); every process this Ray starts also inherits a token in its environment. When the driver ends
+(its pipe reaches EOF: a normal stop, an exception, or a SIGKILL nothing can catch; or the watchdog is
+re-parented), the watchdog kills those processes and removes the temp dir if bertpipe created it (the
+marker file `MARKER` proves it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+OWNER_ENV = "BERTPIPE_RAY_OWNER"
+MARKER = ".bertpipe-ray-temp"
+POLL_S = 0.5  # how often the watchdog looks at the driver's process tree
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time) of a running process, None when it is gone (or only a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] in (b"Z", b"X"):
+        # A leader that exited while its other threads run still shows Z: the process lives on.
+        try:
+            states = [(Path(task.path) / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+                      for task in os.scandir(f"/proc/{pid}/task") if task.name != str(pid)]
+        except OSError:
+            states = []
+        if not any(state not in (b"Z", b"X") for state in states):
+            return None
+    return int(fields[1]), int(fields[19])
+
+
+def descendants(root: int) -> dict[int, int]:
+    """Every running process below `root`, as pid -> start time (which tells a reused pid apart)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            children.setdefault(stat[0], []).append((int(entry.name), stat[1]))
+    found, todo = {}, [root]
+    while todo:
+        for pid, start in children.get(todo.pop(), []):
+            found[pid] = start
+            todo.append(pid)
+    return found
+
+
+def token_pids(token: str) -> dict[int, int]:
+    """Running processes whose environment holds `token`, as pid -> start time. Ray's Python processes
+    rewrite their title over the environment block, so this misses some: `descendants` covers those."""
+    needle = f"{OWNER_ENV}={token}".encode()
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0") and (stat := _stat(int(entry.name))) is not None:
+            found[int(entry.name)] = stat[1]
+    return found
+
+
+def stop_processes(known: dict[int, int], token: str) -> int:
+    """SIGKILL the Ray processes in `known` (pid -> start time) and those carrying `token`; returns how
+    many. Their cluster is gone, nothing is left to shut down in order, so no SIGTERM first (Ray's agents
+    ignore it anyway)."""
+    targets = {**known, **token_pids(token)}
+    targets.pop(os.getpid(), None)
+    killed = set()
+    for _ in range(3):  # a worker may have been starting while we looked
+        alive = [pid for pid, start in targets.items() if (stat := _stat(pid)) is not None and stat[1] == start]
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+        targets.update(token_pids(token))
+    return len(killed)
+
+
+def remove_temp_dir(temp_dir: Path) -> bool:
+    """Delete a Ray temp dir, only if bertpipe created it (its marker file is there)."""
+    if (temp_dir / MARKER).is_file():
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        return True
+    return False
+
+
+def _make_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
+    """(the temp dir, whether bertpipe created it and so may delete it)."""
+    if temp_dir is None:
+        path = Path(tempfile.mkdtemp(prefix="bertpipe-ray-"))
+    else:
+        path = Path(temp_dir).resolve()
+        if path.exists() and any(path.iterdir()):  # someone else's folder: used, never deleted
+            return path, False
+        path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).write_text(f"created by bertpipe sweep (pid {os.getpid()}) for its local Ray; "
+                               "deleted when that sweep ends\n")
+    return path, True
+
+
+class LocalRay:
+    """A local Ray started by this process, its watchdog, and how to stop both."""
+
+    def __init__(self, num_cpus: int | None, temp_dir: str | None):
+        import ray
+
+        self.temp_dir, self.owned = _make_temp_dir(temp_dir)
+        self.token = f"{os.getpid()}-{os.urandom(8).hex()}"
+        watch = [sys.executable, "-I", __file__, "--driver-pid", str(os.getpid()), "--token", self.token,
+                 "--temp-dir", str(self.temp_dir)]
+        self.watchdog = subprocess.Popen(watch + (["--owned"] if self.owned else []), stdin=subprocess.PIPE,
+                                         start_new_session=True)
+        self._saved_env = os.environ.get(OWNER_ENV)
+        os.environ[OWNER_ENV] = self.token
+        try:
+            ray.init(num_cpus=num_cpus, _temp_dir=str(self.temp_dir), include_dashboard=False,
+                     logging_level="WARNING")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        import ray
+
+        try:
+            ray.shutdown()
+        finally:
+            if self._saved_env is None:
+                os.environ.pop(OWNER_ENV, None)
+            else:
+                os.environ[OWNER_ENV] = self._saved_env
+            try:  # "stop" then EOF: the watchdog stops stragglers and removes the temp dir
+                self.watchdog.stdin.write(b"stop\n")
+                self.watchdog.stdin.close()
+            except OSError:  # it died: clean up here instead
+                pass
+            try:
+                self.watchdog.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                _cleanup(descendants(os.getpid()), self.token, self.temp_dir, self.owned)
+
+
+@contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None,
+                temp_dir: str | None = None) -> Iterator[None]:
+    """Use the Ray already initialised in this process, the cluster at `address` (or RAY_ADDRESS, as
+    under `ray job submit`), or else a local Ray that is stopped and cleaned up however this process ends."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
+    local = LocalRay(num_cpus, temp_dir)
+    logging.getLogger(__name__).info("started a local Ray (%s CPUs, temp dir %s)", num_cpus or "all", local.temp_dir)
+    try:
+        yield
+    finally:
+        local.stop()
+
+
+def _cleanup(known: dict[int, int], token: str, temp_dir: Path, owned: bool) -> tuple[int, bool]:
+    return stop_processes(known, token), owned and remove_temp_dir(temp_dir)
+
+
+def _watch(driver_pid: int, token: str, temp_dir: Path, owned: bool) -> None:
+    """Wait for the driver to end, then clean up after its Ray."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    received = b""
+    known: dict[int, int] = {}
+    while os.getppid() == driver_pid:  # re-parented: the driver is gone, even if a fork kept the pipe open
+        # Taken while the driver lives: once it dies, its orphans are re-parented and the tree is lost.
+        known = descendants(driver_pid)
+        ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
+        if ready:
+            chunk = os.read(sys.stdin.fileno(), 4096)
+            if not chunk:  # EOF: the driver stopped (it wrote "stop" first) or died
+                break
+            received += chunk
+    stopped, removed = _cleanup(known, token, temp_dir, owned)
+    if b"stop" not in received:
+        try:
+            print(f"bertpipe sweep: the sweep (pid {driver_pid}) ended without stopping its local Ray; stopped "
+                  f"{stopped} Ray process(es)" + (f" and removed {temp_dir}" if removed else ""),
+                  file=sys.stderr, flush=True)
+        except OSError:  # the driver's stderr may be gone with it
+            pass
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="watchdog of a sweep's local Ray (started by LocalRay)")
+    parser.add_argument("--driver-pid", type=int, required=True)
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--temp-dir", type=Path, required=True)
+    parser.add_argument("--owned", action="store_true")
+    args = parser.parse_args()
+    _watch(args.driver_pid, args.token, args.temp_dir, args.owned)

@@ -1,0 +1,193 @@
+"""A sweep's driver killed (SIGKILL) right after a trial finished, or stopped with Ctrl-C: the finished
+trial is never run again, and no Ray process or temp dir of that sweep outlives it (issue 11).
+Real `bertpipe sweep` processes on a real local Ray, tiny trials, one CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.finetune.local_ray import MARKER, _make_temp_dir, remove_temp_dir
+from launch.finetune.tune_sweep import RECORD, read_record, write_record
+from repo_paths import GLUE
+
+# --num-cpus 1: one trial at a time, so the second trial is running when the first has just finished.
+TINY = ["--max-train-samples", "32", "--max-eval-samples", "32", "--max-seq-len", "32", "--num-cpus", "1"]
+
+
+@pytest.fixture
+def ray_temp():
+    """A --ray-temp-dir that does not exist yet (so the sweep creates it, and must remove it). Short:
+    Ray's socket paths under it must stay within the 107 bytes of a unix socket name."""
+    base = Path(tempfile.mkdtemp(prefix="bp-"))
+    yield base / "ray"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _argv(checkpoint, out, ray_temp, grid="quick") -> list[str]:
+    return [sys.executable, "-m", "launch.cli", "sweep", "--tasks", "sst2", "--checkpoint", str(checkpoint),
+            "--data-dir", str(GLUE), "--out", str(out), "--ray-temp-dir", str(ray_temp), "--grid", str(grid), *TINY]
+
+
+def _start(argv, log: Path) -> subprocess.Popen:
+    # Its own session, like a command started from a shell: a signal to its group reaches nothing else.
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the sweep ended (rc {proc.returncode}) before {path} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.02)
+
+
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, start time, state), straight from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(entry.name)] = (int(fields[1]), int(fields[19]), fields[0])
+    return table
+
+
+def _tree(root: int) -> dict[int, int]:
+    """Every process below `root`: pid -> start time."""
+    table, found, todo = _processes(), {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, start, _) in table.items():
+            if ppid == parent:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+def _alive(procs: dict[int, int]) -> list[int]:
+    table = _processes()
+    return [pid for pid, start in procs.items() if pid in table and table[pid][1] == start and table[pid][2] != "Z"]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _stamp(path: Path) -> tuple[int, int, bytes]:
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, path.read_bytes()
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_driver_leaves_no_ray_behind_and_resume_keeps_the_finished_trial(
+        tiny_checkpoint, tmp_path, ray_temp):
+    out = tmp_path / "sweep"
+    # One trial: killed right after it finished, nothing is left to run (the mixed case, finished and
+    # unfinished trials, is test_sweep.py's crash-and-resume test).
+    grid = tmp_path / "one.yaml"
+    grid.write_text("lr: [5.0e-5]\nbatch_size: [32]\nepochs: [1]\n")
+    argv = _argv(tiny_checkpoint, out, ray_temp, grid)
+    first_trial = out / "trials" / "sst2-000"
+    driver = _start(argv, tmp_path / "first.log")
+    try:
+        _wait_for(first_trial / RECORD, driver)
+        ray_procs = _tree(driver.pid)  # Ray's services and agents, the trial worker, the watchdog
+        cmdlines = [_cmdline(pid) for pid in ray_procs]
+        os.kill(driver.pid, signal.SIGKILL)  # only the driver: what the OOM killer or `kill -9 PID` does
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    assert any("raylet" in c for c in cmdlines) and len(ray_procs) >= 5, cmdlines  # a real Ray was running
+    while (_alive(ray_procs) or ray_temp.exists()) and time.monotonic() - killed < 30:
+        time.sleep(0.1)
+    gone_after = time.monotonic() - killed
+    assert not _alive(ray_procs) and not ray_temp.exists(), (_alive(ray_procs), gone_after)
+    assert gone_after < 10, f"Ray outlived the killed driver by {gone_after:.1f} s"
+    assert "ended without stopping its local Ray" in (tmp_path / "first.log").read_text()
+
+    assert not (out / "results.json").exists()  # the kill came before the sweep could end
+    before = {name: _stamp(first_trial / name) for name in (RECORD, "metrics.json")}
+    resumed = subprocess.run(argv + ["--resume"], capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "1 of 1 trials already finished, 0 to run" in resumed.stderr
+    # Not run again: the fine-tuning run would have rewritten its metrics.json, the trial its record; with
+    # nothing to run, Ray is not even started.
+    assert {name: _stamp(first_trial / name) for name in before} == before
+    assert "started a local Ray" not in resumed.stderr and not ray_temp.exists()
+    results = json.loads((out / "results.json").read_text())
+    assert [t["point"]["index"] for t in results["trials"]] == [0] and not results["trials"][0]["error"]
+    assert results["trials"][0]["metrics"] == json.loads((first_trial / RECORD).read_text())["metrics"]
+    assert "| System | SST-2 | Average |" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_sweep_is_one_line_and_exit_130(tiny_checkpoint, tmp_path, ray_temp):
+    out = tmp_path / "sweep"
+    log = tmp_path / "sweep.err"
+    driver = _start(_argv(tiny_checkpoint, out, ray_temp), log)
+    try:
+        _wait_for(out / "trials" / "sst2-000" / RECORD, driver)  # the second trial is starting or running
+        offset = log.stat().st_size
+        os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        assert driver.wait(timeout=120) == 130
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    text = log.read_text()
+    after = [line for line in text[offset:].splitlines() if " INFO " not in line]
+    assert len(after) == 1 and after[0].startswith("bertpipe sweep: interrupted; "), after
+    assert "--resume" in after[0] and "Traceback" not in text
+    assert not (out / "results.json").exists() and (out / "trials" / "sst2-000" / RECORD).is_file()
+    assert not ray_temp.exists()
+
+
+def test_trial_records_verify_their_settings_and_checksum(tmp_path):
+    settings = {"task": "sst2", "lr": 5e-5, "batch_size": 32, "out": str(tmp_path)}
+    metrics = {"accuracy": 0.5, "score": 0.5}
+    assert read_record(tmp_path, settings) == (None, "")  # not finished: no record, nothing to say
+    path = write_record(tmp_path, settings, metrics)
+    assert read_record(tmp_path, settings) == (metrics, "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD]  # no temporary file left behind
+    got, why = read_record(tmp_path, {**settings, "lr": 3e-5})
+    assert got is None and "other settings" in why
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "metrics": {"accuracy": 0.9, "score": 0.9}}))
+    got, why = read_record(tmp_path, settings)
+    assert got is None and "sha256" in why and str(path) in why
+    path.write_text(path.read_text()[:40])  # torn
+    got, why = read_record(tmp_path, settings)
+    assert got is None and "does not parse" in why
+
+
+def test_only_a_ray_temp_dir_bertpipe_created_is_removed(tmp_path):
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("not ours")
+    path, owned = _make_temp_dir(str(foreign))
+    assert not owned and not (foreign / MARKER).exists()
+    assert not remove_temp_dir(foreign) and (foreign / "keep.txt").is_file()
+    path, owned = _make_temp_dir(str(tmp_path / "new"))
+    assert owned and (path / MARKER).is_file()
+    (path / "session_x").mkdir()
+    assert remove_temp_dir(path) and not path.exists()
