@@ -36,12 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=1, help="random restarts per grid point (seeds 1..N; default 1)")
     parser.add_argument("--address", default=None,
                         help="Ray cluster to use: auto | ray://HOST:10001 (default: a local Ray, or RAY_ADDRESS under `ray job submit`)")
-    parser.add_argument("--resume", action="store_true", help="continue the sweep already in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the sweep already in --out: finished trials are kept, only the others run")
     parser.add_argument("--cpus-per-trial", type=float, default=1, help="CPUs reserved by each trial (default 1)")
     parser.add_argument("--gpus-per-trial", type=float, default=None, help="GPUs per trial (default: 1 if the cluster has GPUs)")
     parser.add_argument("--max-failures", type=int, default=1, help="retries of a crashed trial (default 1)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
-    parser.add_argument("--ray-temp-dir", default=None, help="temp dir of the local Ray (default: a fresh private one)")
+    parser.add_argument("--ray-temp-dir", default=None,
+                        help="temp dir of the local Ray (default: a fresh private one); deleted at the end if bertpipe created it")
     parser.add_argument("--save-models", action="store_true", help="keep every trial's fine-tuned model")
     add_finetune_arguments(parser, skip=("task",))
 
