@@ -10,6 +10,7 @@ download Prism; any other runner and its options pass through untouched.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -121,6 +122,24 @@ def pipeline_options(beam_args: Sequence[str]) -> PipelineOptions:
     return PipelineOptions(args)
 
 
+def return_large_frees_to_os() -> bool:
+    """Fix glibc's mmap threshold at its default 128 KiB, so freed large blocks go back to the OS.
+
+    The local runner holds each stage's output as ~1 MB chunks and frees them stage by stage.
+    glibc raises its mmap threshold to the size of each mmapped block freed (up to 32 MB), after
+    which such blocks come from the heap, where freed memory stays in the process: the peak RSS
+    then tracks the largest sum of stages seen, not the data alive. Measured on 4x the bench's
+    book input: peak 487 -> 417 MB (1x: 349 -> 328 MB), and not slower (23.0 vs 28.3 s, A/B
+    medians under load). A no-op outside glibc (macOS, musl). Returns whether it was applied.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # <malloc.h> M_MMAP_THRESHOLD
+    return bool(mallopt(m_mmap_threshold, 128 * 1024))
+
+
 def _counters(result) -> dict[str, int]:
     totals: dict[str, int] = defaultdict(int)
     for counter in result.metrics().query(MetricsFilter())["counters"]:
@@ -195,6 +214,9 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     start = time.time()
     files = _outside(expand_inputs(config.inputs), config.out)
     options = pipeline_options(beam_args)
+    runner = options.view_as(beam.options.pipeline_options.StandardOptions).runner
+    if runner == LOCAL_RUNNER:  # this process holds every stage's output
+        log.debug("glibc mmap threshold fixed: %s", return_large_frees_to_os())
     if config.vocab is not None:
         # Checked before the output directory is touched: a bad vocab must not cost the last corpus.
         try:
@@ -228,7 +250,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     )
     split_settings = SplitSettings(config.seed, config.heldout_fraction, config.docs_per_bucket, config.dupe_factor)
     stage = "stage 2/2" if config.vocab is None else "corpus"
-    log.info("%s: %d input files -> %s (runner %s)", stage, len(files), out, options.view_as(beam.options.pipeline_options.StandardOptions).runner)
+    log.info("%s: %d input files -> %s (runner %s)", stage, len(files), out, runner)
 
     progress_dir = local_progress_dir(tmp) if config.progress_seconds > 0 else None
     with ProgressReporter(progress_dir, config.progress_seconds), beam.Pipeline(options=options) as p:

@@ -15,6 +15,15 @@ import numpy as np
 from pipeline.masking import MaskingVocab, mask_tokens
 
 
+def id_dtype(max_id: int) -> type:
+    """uint16 when every id fits (any vocab of at most 65536 pieces; BERT's has 30522), else int32.
+
+    The corpus job keeps token ids in this dtype between its stages, where the local runner holds
+    them all in memory; every consumer widens them on use, so the shards never see it.
+    """
+    return np.uint16 if max_id < 2**16 else np.int32
+
+
 @dataclass(frozen=True)
 class Instance:
     """One training example, unpadded. `next_sentence_label`: 0 = B follows A, 1 = B is random."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
 from pipeline.instance_batch import InstanceBatch
@@ -152,7 +153,7 @@ def _content_digest(doc: TokenizedDocument) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for sentence in doc.sentences:
         h.update(sentence.size.to_bytes(8, "little"))
-        h.update(sentence.tobytes())
+        h.update(sentence.astype(np.int32, copy=False).tobytes())  # the same digest whatever the id dtype
     return h.digest()
 
 

@@ -47,18 +47,19 @@ def shard_name(split: str, index: int, count: int, shard_format: str) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.{SUFFIX[shard_format]}"
 
 
-def _list_array(values: np.ndarray, lengths: np.ndarray) -> pa.ListArray:
+def _list_array(values: np.ndarray, lengths: np.ndarray, dtype) -> pa.ListArray:
     offsets = np.zeros(lengths.size + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    # Batches keep ids compact (uint16); the schema, and so the shard bytes, stay int32.
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(dtype, copy=False)))
 
 
 def batch_to_table(batch: InstanceBatch) -> pa.Table:
     columns = [
-        _list_array(batch.input_ids, batch.lengths),
-        _list_array(batch.token_type_ids, batch.lengths),
-        _list_array(batch.masked_lm_positions, batch.num_masked),
-        _list_array(batch.masked_lm_ids, batch.num_masked),
+        _list_array(batch.input_ids, batch.lengths, np.int32),
+        _list_array(batch.token_type_ids, batch.lengths, np.int8),
+        _list_array(batch.masked_lm_positions, batch.num_masked, np.int32),
+        _list_array(batch.masked_lm_ids, batch.num_masked, np.int32),
         pa.array(batch.next_sentence_labels),
         pa.array(batch.lengths),
         pa.array(batch.doc_ids, type=pa.string()),

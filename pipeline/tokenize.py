@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import apache_beam as beam
 import blingfire
@@ -17,6 +17,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
+from pipeline.instances import id_dtype
 from pipeline.progress import ProgressWriter
 from pipeline.readers import RawDocument, Skip
 from pipeline.sources import DEAD_LETTER
@@ -28,29 +29,59 @@ log = logging.getLogger(__name__)
 BATCH_SENTENCES = 8192
 
 
+class SentenceViews(Sequence):
+    """A document's sentences, each a view into its id array, made when asked for.
+
+    A view object costs ~100 bytes, about what a 25-token sentence's ids cost as uint16: making
+    them on access rather than all at once keeps a bucket's memory at its ids.
+    """
+
+    def __init__(self, ids: np.ndarray, ends: np.ndarray):
+        self.ids = ids
+        self.ends = ends
+
+    def __len__(self) -> int:
+        return int(self.ends.size)
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        if not -len(self) <= j < len(self):
+            raise IndexError(f"sentence {j} of {len(self)}")
+        j %= len(self)
+        return self.ids[int(self.ends[j - 1]) if j else 0 : int(self.ends[j])]
+
+    def __iter__(self):
+        start = 0
+        for end in self.ends.tolist():
+            yield self.ids[start:end]
+            start = end
+
+
 @dataclass(frozen=True)
 class TokenizedDocument:
-    """A document as WordPiece ids: every sentence's ids in one int32 array, cut at `ends`.
+    """A document as WordPiece ids: every sentence's ids in one array, cut at `ends`.
 
     One flat array rather than an array per sentence: a runner encodes a document as two buffers,
     not thousands of small ones (that per-array cost was a large share of the job). Empty sentences
-    are dropped. Legend: T = tokens, S = sentences.
+    are dropped. Ids are uint16 when they fit (`id_dtype`); every consumer widens them on use (the
+    NSP pairing concatenates them with int32 `[CLS]`/`[SEP]`), so the dtype never reaches the shards.
+    Legend: T = tokens, S = sentences.
     """
 
     doc_id: str
-    ids: np.ndarray  # [T] int32
+    ids: np.ndarray  # [T] uint16 or int32
     ends: np.ndarray  # [S] int64, where each sentence ends in `ids`
 
     @classmethod
     def from_sentences(cls, doc_id: str, sentences: Sequence[np.ndarray]) -> TokenizedDocument:
-        kept = [np.asarray(s, dtype=np.int32) for s in sentences if len(s)]
+        kept = [np.asarray(s) for s in sentences if len(s)]
         ids = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int32)
+        ids = ids.astype(id_dtype(int(ids.max(initial=0))))
         return cls(doc_id, ids, np.cumsum([s.size for s in kept], dtype=np.int64))
 
     @property
-    def sentences(self) -> list[np.ndarray]:
-        """One view into `ids` per sentence."""
-        return np.split(self.ids, self.ends[:-1]) if self.ends.size else []
+    def sentences(self) -> SentenceViews:
+        """One view into `ids` per sentence (made on access)."""
+        return SentenceViews(self.ids, self.ends)
 
     @property
     def num_tokens(self) -> int:
@@ -85,6 +116,7 @@ class _TokenizeFn(beam.DoFn):
 
     def setup(self) -> None:
         self.tokenizer = build_tokenizer(self.vocab_text, self.lowercase)
+        self.id_dtype = id_dtype(max(self.tokenizer.get_vocab(with_added_tokens=True).values()))
         self.progress = ProgressWriter(self.progress_dir, "tokenize")
 
     def start_bundle(self) -> None:
@@ -115,7 +147,7 @@ class _TokenizeFn(beam.DoFn):
         flat = [s for _, sentences in pending for s in sentences]
         id_lists = [e.ids for e in self.tokenizer.encode_batch(flat, add_special_tokens=False)] if flat else []
         lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-        ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum()))
+        ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=self.id_dtype, count=int(lengths.sum()))
         ends = np.cumsum(lengths)
         first = 0
         for doc_id, sentences in pending:

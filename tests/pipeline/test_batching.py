@@ -3,14 +3,18 @@ batch sizes must give exactly what one-at-a-time processing gives."""
 
 from __future__ import annotations
 
+import platform
+
 import apache_beam as beam
 import numpy as np
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 
 import pipeline.nsp as nsp
 import pipeline.tokenize as tokenize
+from pipeline.corpus_job import return_large_frees_to_os
 from pipeline.instance_batch import InstanceBatch
-from pipeline.instances import InstanceSettings, create_instances_from_document
+from pipeline.instances import Instance, InstanceSettings, create_instances_from_document
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
 from pipeline.readers import RawDocument
@@ -102,3 +106,45 @@ def test_instance_batch_size_does_not_change_shards(tmp_path, monkeypatch):
     small = _shard_bytes(tmp_path, monkeypatch, 3)
     assert small == _shard_bytes(tmp_path, monkeypatch, 4096)
     assert len(small) >= 4 and all(small.values())
+
+
+def test_ids_travel_compact_and_reach_shards_as_int32():
+    # BERT-sized ids travel as uint16 between stages; past 65536 pieces they stay int32. The shard
+    # schema is int32 either way, and token types (kept as one count per row) come back per token.
+    for top_id in (30_521, 70_000):
+        inst = Instance("d", np.array([101, 5, top_id, 102, 7, 102], np.int32), np.array([0, 0, 0, 0, 1, 1], np.int8),
+                        np.array([2], np.int32), np.array([top_id], np.int32), 1)
+        batch = InstanceBatch.from_instances([(3, "d", 0, 0)], [inst])
+        assert batch.input_ids.dtype == (np.uint16 if top_id < 2**16 else np.int32)
+        table = batch_to_table(batch)
+        assert str(table.schema.field("input_ids").type) == "list<item: int32>"
+        assert table.to_pylist()[0] == {"input_ids": [101, 5, top_id, 102, 7, 102], "token_type_ids": [0, 0, 0, 0, 1, 1],
+                                        "masked_lm_positions": [2], "masked_lm_ids": [top_id], "next_sentence_label": 1,
+                                        "length": 6, "doc_id": "d"}
+        doc = TokenizedDocument.from_sentences("d", [np.array([top_id, 1], np.int32), np.array([2], np.int32)])
+        assert doc.ids.dtype == (np.uint16 if top_id < 2**16 else np.int32)
+
+
+def test_sentence_views_are_the_split_document():
+    doc = _docs(1, seed=5)[0]
+    expected = np.split(doc.ids, doc.ends[:-1])
+    views = doc.sentences
+    assert len(views) == len(expected) and doc.ids.dtype == np.uint16
+    assert all(np.array_equal(a, b) for a, b in zip(views, expected))
+    assert all(np.array_equal(views[j], expected[j]) for j in range(-len(expected), len(expected)))
+    with pytest.raises(IndexError):
+        views[len(expected)]
+
+
+def test_tokenizer_output_is_uint16_for_a_bert_vocab():
+    fn = tokenize._TokenizeFn(VOCAB.read_text(encoding="utf-8"), lowercase=True)
+    fn.setup()
+    fn.start_bundle()
+    out = list(fn.process(RawDocument("a", ["Hello there. How are you?"]))) + list(fn.finish_bundle())
+    doc = out[0].value
+    assert doc.ids.dtype == np.uint16 and [s.tolist() for s in doc.sentences] == [[7592, 2045, 1012], [2129, 2024, 2017, 1029]]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_large_frees_go_back_to_the_os_on_glibc():
+    assert return_large_frees_to_os()
