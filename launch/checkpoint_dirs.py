@@ -189,8 +189,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if not _is_cached_export(path / "export" / tag, path):
             export_run(path, path / "export" / tag, tag=tag, verified=True)
         return path / "export" / tag
-    raise ValueError(f"{path} is neither a run directory of `bertpipe pretrain` (no checkpoints/) nor a Hugging Face "
-                     f"model directory (config.json and one of {', '.join(WEIGHT_FILES)}); pass one of those")
+    raise ValueError(f"{path} holds no BERT: it is neither a run directory of `bertpipe pretrain` (no checkpoints/) "
+                     f"nor a Hugging Face model directory (config.json and one of {', '.join(WEIGHT_FILES)}); "
+                     f"pass one of those")
 
 
 def check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:
