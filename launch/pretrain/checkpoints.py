@@ -41,6 +41,7 @@ from launch.pretrain.hf_export import FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY,
 
 log = logging.getLogger(__name__)
 
+
 class ReportedByRankZero(ValueError):
     """The same user error as rank 0's, which reports it: other ranks exit with it quietly."""
 
