@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging()
     import torch
 
-    from launch.pretrain.trainer import preflight
+    from launch.pretrain.trainer import SHARDS_VERIFIED_ENV, preflight
 
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     nproc = int(os.environ["WORLD_SIZE"]) if under_launcher else (args.nproc or max(1, torch.cuda.device_count()))
@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
             return _launch_workers(cfg, args, nproc)
     except OutputLocked as err:
         raise CliError(str(err)) from None
+    finally:
+        # Preflight verified the shards for this launch only; a later command in this process re-checks.
+        os.environ.pop(SHARDS_VERIFIED_ENV, None)
 
 
 def _train_here(cfg, args: argparse.Namespace) -> int:

@@ -65,6 +65,10 @@ def _dotted(tree: dict[str, Any], key: str) -> Any:
     return tree
 
 
+# Set once this process has checked the corpus's shards; inherited by the workers it starts.
+SHARDS_VERIFIED_ENV = "BERTPIPE_SHARDS_VERIFIED"
+
+
 def preflight(cfg: PretrainConfig, corpus: CorpusInfo | Path, *, world_size: int,
               device_type: str) -> tuple[Any, int]:
     """Everything that can be refused before any process starts, each checked once here (the corpus
@@ -92,8 +96,11 @@ def preflight(cfg: PretrainConfig, corpus: CorpusInfo | Path, *, world_size: int
         raise ValueError(f"the corpus {data_dir} has no training instances (its manifest.json counters say what "
                          "was skipped and why); rebuild it from more input")
     corpus.check_fits(cfg.data.global_batch_size)
-    # Last, as it reads every shard: a damaged shard is named here, not found by rank 0 mid-run.
-    verify_shards(data_dir, manifest)
+    # Last, as it reads every shard: a damaged shard is named here, not found by rank 0 mid-run. Workers
+    # started by `bertpipe pretrain --nproc N` skip it: their parent verified this corpus just before.
+    if os.environ.get(SHARDS_VERIFIED_ENV) != str(Path(data_dir).resolve()):
+        verify_shards(data_dir, manifest)
+        os.environ[SHARDS_VERIFIED_ENV] = str(Path(data_dir).resolve())
     return bert_cfg, grad_accum
 
 
