@@ -8,8 +8,9 @@ process with PR_SET_PDEATHSIG, but not what the raylet starts (the dashboard and
 the workers running trials): killed with SIGKILL, the driver would leave those running and its temp
 dir behind. So, before `ray.init`, we start a watchdog (this file run as a script: stdlib only, in its
 own session so that neither a Ctrl-C nor a kill of the driver's process group reaches it). While the
-driver lives, the watchdog keeps a list of the driver's descendants (pid and start time, every
-`POLL_S`); every process this Ray starts also inherits a token in its environment. When the driver ends
+driver lives, the watchdog keeps a list of the processes below the driver that were not there before
+(pid and start time, every `POLL_S`); every process this Ray starts also inherits a token in its
+environment. When the driver ends
 (its pipe reaches EOF: a normal stop, an exception, or a SIGKILL nothing can catch; or the watchdog is
 re-parented), the watchdog kills those processes and removes the temp dir if bertpipe created it (the
 marker file `MARKER` proves it).
@@ -18,6 +19,7 @@ marker file `MARKER` proves it).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import select
 import shutil
@@ -29,6 +31,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+logger = logging.getLogger(__name__)
 
 OWNER_ENV = "BERTPIPE_RAY_OWNER"
 MARKER = ".bertpipe-ray-temp"
@@ -68,9 +72,16 @@ def descendants(root: int) -> dict[int, int]:
     return found
 
 
+def new_descendants(driver_pid: int, before: dict[int, int], watchdog_pid: int) -> dict[int, int]:
+    """The local Ray's processes: what runs below the driver and was not there `before` the watchdog and
+    `ray.init` (a test's own Ray, a notebook's tools are left alone)."""
+    return {pid: start for pid, start in descendants(driver_pid).items()
+            if before.get(pid) != start and pid != watchdog_pid}
+
+
 def token_pids(token: str) -> dict[int, int]:
     """Running processes whose environment holds `token`, as pid -> start time. Ray's Python processes
-    rewrite their title over the environment block, so this misses some: `descendants` covers those."""
+    rewrite their title over the environment block, so this misses some: `new_descendants` covers those."""
     needle = f"{OWNER_ENV}={token}".encode()
     found = {}
     for entry in os.scandir("/proc"):
@@ -95,6 +106,8 @@ def stop_processes(known: dict[int, int], token: str) -> int:
     killed = set()
     for _ in range(3):  # a worker may have been starting while we looked
         alive = [pid for pid, start in targets.items() if (stat := _stat(pid)) is not None and stat[1] == start]
+        if not alive:
+            break
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -136,8 +149,9 @@ class LocalRay:
 
         self.temp_dir, self.owned = _make_temp_dir(temp_dir)
         self.token = f"{os.getpid()}-{os.urandom(8).hex()}"
+        self.before = descendants(os.getpid())
         watch = [sys.executable, "-I", __file__, "--driver-pid", str(os.getpid()), "--token", self.token,
-                 "--temp-dir", str(self.temp_dir)]
+                 "--temp-dir", str(self.temp_dir), "--before", ",".join(f"{p}:{t}" for p, t in self.before.items())]
         self.watchdog = subprocess.Popen(watch + (["--owned"] if self.owned else []), stdin=subprocess.PIPE,
                                          start_new_session=True)
         self._saved_env = os.environ.get(OWNER_ENV)
@@ -159,16 +173,21 @@ class LocalRay:
                 os.environ.pop(OWNER_ENV, None)
             else:
                 os.environ[OWNER_ENV] = self._saved_env
-            try:  # "stop" then EOF: the watchdog stops stragglers and removes the temp dir
+            handed_over = True
+            try:  # "stop" then EOF: the watchdog kills stragglers and removes the temp dir
                 self.watchdog.stdin.write(b"stop\n")
                 self.watchdog.stdin.close()
-            except OSError:  # it died: clean up here instead
-                pass
+            except OSError:
+                handed_over = False
             try:
-                self.watchdog.wait(timeout=30)
+                handed_over = self.watchdog.wait(timeout=30) == 0 and handed_over
             except subprocess.TimeoutExpired:
                 self.watchdog.kill()
-                _cleanup(descendants(os.getpid()), self.token, self.temp_dir, self.owned)
+                self.watchdog.wait()
+                handed_over = False
+            if not handed_over:  # the watchdog died or hung: clean up here instead
+                _cleanup(new_descendants(os.getpid(), self.before, self.watchdog.pid), self.token, self.temp_dir,
+                         self.owned)
 
 
 @contextmanager
@@ -176,8 +195,6 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
                 temp_dir: str | None = None) -> Iterator[None]:
     """Use the Ray already initialised in this process, the cluster at `address` (or RAY_ADDRESS, as
     under `ray job submit`), or else a local Ray that is stopped and cleaned up however this process ends."""
-    import logging
-
     import ray
 
     if ray.is_initialized():
@@ -192,7 +209,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
             ray.shutdown()
         return
     local = LocalRay(num_cpus, temp_dir)
-    logging.getLogger(__name__).info("started a local Ray (%s CPUs, temp dir %s)", num_cpus or "all", local.temp_dir)
+    logger.info("started a local Ray (%s CPUs, temp dir %s)", num_cpus or "all", local.temp_dir)
     try:
         yield
     finally:
@@ -203,14 +220,15 @@ def _cleanup(known: dict[int, int], token: str, temp_dir: Path, owned: bool) -> 
     return stop_processes(known, token), owned and remove_temp_dir(temp_dir)
 
 
-def _watch(driver_pid: int, token: str, temp_dir: Path, owned: bool) -> None:
+def _watch(driver_pid: int, before: dict[int, int], token: str, temp_dir: Path, owned: bool) -> None:
     """Wait for the driver to end, then clean up after its Ray."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     received = b""
     known: dict[int, int] = {}
     while os.getppid() == driver_pid:  # re-parented: the driver is gone, even if a fork kept the pipe open
         # Taken while the driver lives: once it dies, its orphans are re-parented and the tree is lost.
-        known = descendants(driver_pid)
+        # Kept, not replaced: a process re-parented early (its raylet died) is still this Ray's.
+        known.update(new_descendants(driver_pid, before, os.getpid()))
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
         if ready:
             chunk = os.read(sys.stdin.fileno(), 4096)
@@ -232,6 +250,8 @@ if __name__ == "__main__":
     parser.add_argument("--driver-pid", type=int, required=True)
     parser.add_argument("--token", required=True)
     parser.add_argument("--temp-dir", type=Path, required=True)
+    parser.add_argument("--before", default="", help="pid:start_time,... of the driver's older descendants")
     parser.add_argument("--owned", action="store_true")
     args = parser.parse_args()
-    _watch(args.driver_pid, args.token, args.temp_dir, args.owned)
+    older = dict((int(p), int(t)) for p, t in (item.split(":") for item in args.before.split(",") if item))
+    _watch(args.driver_pid, older, args.token, args.temp_dir, args.owned)

@@ -191,3 +191,29 @@ def test_only_a_ray_temp_dir_bertpipe_created_is_removed(tmp_path):
     assert owned and (path / MARKER).is_file()
     (path / "session_x").mkdir()
     assert remove_temp_dir(path) and not path.exists()
+
+
+@pytest.mark.slow
+def test_local_ray_in_process_cleans_up_only_its_own_processes(ray_temp):
+    """`ray_session` inside a longer-lived process (a notebook, this test): on a normal end its Ray's
+    processes and temp dir are gone, and a child the process had started before is left alone."""
+    import ray
+
+    from launch.finetune.local_ray import ray_session
+
+    assert not ray.is_initialized()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        with ray_session(num_cpus=1, temp_dir=str(ray_temp)):
+            assert ray.get(ray.remote(lambda: 1 + 1).remote()) == 2
+            assert (ray_temp / MARKER).is_file()
+            ray_procs = {pid: start for pid, start in _tree(os.getpid()).items() if pid != bystander.pid}
+        assert len(ray_procs) >= 4 and not ray.is_initialized()
+        deadline = time.monotonic() + 10
+        while _alive(ray_procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(ray_procs) and not ray_temp.exists()
+        assert bystander.poll() is None  # started before the sweep's Ray: not its to kill
+    finally:
+        bystander.kill()
+        bystander.wait()
