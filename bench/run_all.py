@@ -16,7 +16,10 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 CPU_BENCHMARKS = ["corpus_throughput", "loader_throughput", "model_step", "finetune_batching", "download_throughput",
-                  "shard_verify"]
+                  "shard_verify", "finetune_vs_transformers"]
+# Arguments under `make bench`: the accuracy comparison runs its minutes-long --quick form there; the
+# recorded multi-seed runs (docs/PERFORMANCE.md "Fine-tuning parity") take hours on 2 cores.
+ARGS = {"finetune_vs_transformers": ["--quick"]}
 GPU_BENCHMARKS = ["pretrain_gpu"]
 
 
@@ -32,7 +35,7 @@ def main(argv: list[str]) -> int:
     for name in names:
         print(f"\n=== bench/{name}.py ===", flush=True)
         started = time.monotonic()
-        rc = subprocess.call([sys.executable, str(BENCH / f"{name}.py")])
+        rc = subprocess.call([sys.executable, str(BENCH / f"{name}.py"), *ARGS.get(name, [])])
         print(f"=== {name}: exit {rc} in {time.monotonic() - started:.0f} s ===", flush=True)
         if rc != 0:
             failed.append(name)

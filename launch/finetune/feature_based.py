@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
-from launch.finetune.encoding import LengthGroupedBatches, collate, loss_weights
+from launch.finetune.encoding import LengthGroupedBatches, collate, loss_weights, use_length_grouping
 from launch.finetune.examples import DataError
 from launch.finetune.feature_cache import CacheStats, FeatureCache, SplitKey, checkpoint_digest, data_digest, default_cache_dir
 from launch.finetune.feature_extraction import parse_layers
@@ -155,7 +155,7 @@ class FeatureBasedFinetuner(Finetuner):
     def train(self) -> dict[str, float]:
         cfg, feats = self.cfg, self.train_feats
         gen = torch.Generator().manual_seed(cfg.seed)
-        if cfg.group_by_length:  # the same batches fine-tuning would draw (token-weighted for NER)
+        if use_length_grouping(cfg.group_by_length, feats):  # the same batches fine-tuning would draw
             sampler = LengthGroupedBatches([_length(f) for f in feats], cfg.batch_size, gen, weights=loss_weights(feats))
         else:
             sampler = BatchSampler(RandomSampler(range(len(feats)), generator=gen), cfg.batch_size, drop_last=False)

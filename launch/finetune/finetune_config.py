@@ -23,7 +23,8 @@ class FinetuneConfig:
     Data:
       max_seq_len; max_train_samples / max_eval_samples (a fixed random subset, the same for every
       seed, so seeds vary only the run); skip_malformed (count and skip bad lines instead of stopping);
-      group_by_length: batch examples of similar length together (less padding, faster; random otherwise).
+      group_by_length: batch examples of similar length together (less padding, faster; random otherwise);
+        None (default) groups sentence-level tasks and not token tasks, where it cost NER F1.
       text_column, text_pair_column, label_column: columns of the user's own data (classify/regress/tag).
       doc_stride, max_query_length, n_best, max_answer_length: SQuAD windows and answer decoding.
       doc_context: NER windows filled with the neighbouring sentences of the document.
@@ -59,7 +60,7 @@ class FinetuneConfig:
     max_train_samples: int | None = None  # train on a fixed random subset of N examples (the same for every seed)
     max_eval_samples: int | None = None  # evaluate on a fixed random subset of N examples
     skip_malformed: bool = False  # count and skip malformed lines instead of stopping at the first
-    group_by_length: bool = True  # batch examples of similar length together (less padding, faster)
+    group_by_length: bool | None = None  # batch similar lengths together (faster); null: yes, except token tasks (NER)
     text_column: str = "text"  # classify/regress/tag: column with the text
     text_pair_column: str | None = None  # classify/regress: column with the second text of a pair
     label_column: str = "label"  # classify/regress/tag: column with the label

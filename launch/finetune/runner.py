@@ -24,7 +24,7 @@ from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
 from launch.finetune.device import pick_device
 from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.examples import DataError
-from launch.finetune.encoding import LengthGroupedBatches, loss_weights
+from launch.finetune.encoding import LengthGroupedBatches, loss_weights, use_length_grouping
 from launch.finetune.kinds import Task, TaskData
 from launch.finetune.tasks import get_task
 from launch.pretrain.pretrain_config import ScheduleSection
@@ -145,7 +145,7 @@ class Finetuner:
     def train(self) -> dict[str, float]:
         cfg = self.cfg
         gen = torch.Generator().manual_seed(cfg.seed)
-        if cfg.group_by_length:
+        if use_length_grouping(cfg.group_by_length, self.train_feats):
             # Token-averaged losses (NER) get batches of equal labelled tokens, else grouping re-weights them.
             batches = LengthGroupedBatches([_length(f) for f in self.train_feats], cfg.batch_size, gen,
                                            weights=loss_weights(self.train_feats))
