@@ -50,6 +50,13 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
         start_method="spawn", signals_to_handle="SIGHUP,SIGQUIT", shutdown_timeout=int(grace_s),
     )
     me = psutil.Process()
+    # The agent logs each failure ("failed (exitcode: 1) local_rank: 0 ...") in its own format; the
+    # failing worker has already said why in one line, and we return its exit code.
+    quiet = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+             if name.startswith("torch.distributed.elastic")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.CRITICAL)
 
     def forward(signum: int, _frame) -> None:
         for child in me.children():  # the workers: the agent starts them as our direct children
@@ -71,6 +78,8 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
         codes = [f.exitcode for _, f in sorted(err.failures.items())]
         return abs(next((c for c in codes if c not in stopped), codes[0])) or 1
     finally:
+        for lg, level in zip(quiet, levels):
+            lg.setLevel(level)
         for s, handler in previous.items():
             signal.signal(s, handler)
         for key, value in saved_env.items():
