@@ -38,6 +38,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from pipeline.atomic_write import write_text_atomic
 from pipeline.manifest import sha256_file
 
 logger = logging.getLogger(__name__)
@@ -182,9 +183,7 @@ class FeatureCache:
                   **key.__dict__}
         # The record goes last: it is what says the layer exists.
         os.replace(tmp, data_file)
-        tmp_record = folder / f".layer-{layer}.json.{os.getpid()}.tmp"
-        tmp_record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp_record, record_file)
+        write_text_atomic(record_file, json.dumps(record, indent=1) + "\n")
 
 
 @contextmanager

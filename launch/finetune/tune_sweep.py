@@ -40,6 +40,7 @@ from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.local_ray import ray_session
 from launch.finetune.report import markdown_table, plot_grid, summarize
 from launch.finetune.tasks import get_task
+from pipeline.atomic_write import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -123,19 +124,8 @@ def write_record(trial_dir: Path, settings: dict[str, Any], metrics: dict[str, f
     """Record a finished trial durably: written, fsynced and renamed into place (then the folder fsynced),
     so that a crash at any moment leaves either no record or a complete one."""
     body = {"settings": settings, "metrics": metrics}
-    path = trial_dir / RECORD
-    tmp = trial_dir / f".{RECORD}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps({**body, "sha256": _digest(body)}, indent=2, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    folder = os.open(trial_dir, os.O_RDONLY)
-    try:
-        os.fsync(folder)  # the rename itself survives a power loss
-    finally:
-        os.close(folder)
-    return path
+    return write_text_atomic(trial_dir / RECORD,
+                             json.dumps({**body, "sha256": _digest(body)}, indent=2, sort_keys=True) + "\n")
 
 
 def read_record(trial_dir: Path, settings: dict[str, Any]) -> tuple[dict[str, float] | None, str]:

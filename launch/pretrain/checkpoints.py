@@ -38,6 +38,7 @@ from launch.checkpoint_dirs import (  # noqa: F401 (read_meta, read_latest: the 
     META, check_tensor_files, file_records, read_latest, read_meta, tag_for, tag_step,
 )
 from launch.pretrain.hf_export import FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY, load_checkpoint_file
+from pipeline.atomic_write import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +84,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _fsync_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any], vocab_file: Path, keep_last: int) -> Path:
     """Write checkpoint `global_step<step>` on every rank; returns its final folder."""
     rank = dist.get_rank()
@@ -112,7 +104,7 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any], vocab_fil
         shutil.copyfile(vocab_file, staging / tag / "vocab.txt")
         # Recorded so that a resume or an export can tell a cut-short or damaged file and fall back.
         meta = {**meta, "files": file_records(staging / tag)}
-        _fsync_write(staging / tag / META, json.dumps(meta, indent=2, sort_keys=True))
+        write_text_atomic(staging / tag / META, json.dumps(meta, indent=2, sort_keys=True))
         if final.exists():  # re-saving a step (e.g. after a resume): the old copy goes last
             old = ckpt_dir / f".old-{tag}"
             shutil.rmtree(old, ignore_errors=True)
@@ -121,7 +113,7 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any], vocab_fil
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging / tag, final)
-        _fsync_write(ckpt_dir / "latest", tag + "\n")
+        write_text_atomic(ckpt_dir / "latest", tag + "\n")
         shutil.rmtree(staging, ignore_errors=True)
         _prune(ckpt_dir, keep_last, step)
         log.info("checkpoint %s saved", final)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from pipeline.atomic_write import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,7 @@ def truncate_after(path: Path, step: int) -> None:
     if not path.is_file():
         return
     keep = [r for r in read_records(path) if r.get("step", 0) <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -16,9 +16,10 @@ import contextlib
 import datetime as dt
 import fcntl
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator
+
+from pipeline.atomic_write import write_text_atomic
 
 MANIFEST_NAME = "download.json"
 FORMAT = "bertpipe-download"
@@ -64,8 +65,5 @@ def update_manifest(directory: Path, source_key: str, source: dict[str, Any], fi
         data["sources"][source_key] = source
         data["files"].update(files)
         data["files"] = dict(sorted(data["files"].items()))
-        path = directory / MANIFEST_NAME
-        tmp = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        path = write_text_atomic(directory / MANIFEST_NAME, json.dumps(data, indent=2, sort_keys=False) + "\n")
     return path

@@ -1,0 +1,33 @@
+"""Write a small file so that a crash at any moment leaves the old file or the new one, never half of it.
+
+Used for every small record a resume or a reader trusts: checkpoint metadata and `latest`, finished
+sweep trials, `metrics.jsonl` rewrites, the download manifest, feature-cache records.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, *, durable: bool = True) -> Path:
+    """Write `text` to a temporary name beside `path`, then rename it into place.
+
+    durable: fsync the data before the rename and the folder after it, so that the rename itself
+    survives a power loss (what a resume relies on); off for files that are only progress hints.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    return path
