@@ -32,7 +32,6 @@ from launch.finetune.encoding import LengthGroupedBatches, collate, loss_weights
 from launch.finetune.examples import DataError
 from launch.finetune.feature_cache import CacheStats, FeatureCache, SplitKey, checkpoint_digest, data_digest, default_cache_dir
 from launch.finetune.feature_extraction import parse_layers
-from launch.finetune.runner import Finetuner, _length, _param_groups, linear_schedule
 from launch.pretrain.schedule import build_scheduler
 
 logger = logging.getLogger(__name__)
@@ -104,8 +103,15 @@ class FrozenEncoder:
                     out[k][starts[i] : starts[i + 1]] = h_BLH[r, : starts[i + 1] - starts[i]]
 
 
-class FeatureBasedFinetuner(Finetuner):
-    """`Finetuner` with the task model replaced by a head on cached frozen activations."""
+class FeatureBased:
+    """What replaces `Finetuner`'s task model: a head on cached frozen activations.
+
+    A mixin, composed with `Finetuner` by `launch.finetune.runner.finetune` (which hands in its
+    `linear_schedule` and `param_groups`), so that this module does not import the runner.
+    """
+
+    linear_schedule: Any  # runner.linear_schedule
+    param_groups: Any  # runner._param_groups
 
     def __init__(self, cfg, **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
@@ -156,12 +162,12 @@ class FeatureBasedFinetuner(Finetuner):
         cfg, feats = self.cfg, self.train_feats
         gen = torch.Generator().manual_seed(cfg.seed)
         if use_length_grouping(cfg.group_by_length, feats):  # the same batches fine-tuning would draw
-            sampler = LengthGroupedBatches([_length(f) for f in feats], cfg.batch_size, gen, weights=loss_weights(feats))
+            sampler = LengthGroupedBatches([len(f.input_ids) for f in feats], cfg.batch_size, gen, weights=loss_weights(feats))
         else:
             sampler = BatchSampler(RandomSampler(range(len(feats)), generator=gen), cfg.batch_size, drop_last=False)
         steps = cfg.epochs * len(sampler)
-        opt = torch.optim.AdamW(_param_groups(self.model, cfg.weight_decay), lr=cfg.feature_lr)
-        sched = build_scheduler(opt, linear_schedule(int(cfg.warmup * steps), steps))
+        opt = torch.optim.AdamW(self.param_groups(self.model, cfg.weight_decay), lr=cfg.feature_lr)
+        sched = build_scheduler(opt, self.linear_schedule(int(cfg.warmup * steps), steps))
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc=f"feature-based {self.task.name}", unit="step", disable=not cfg.progress,
@@ -200,7 +206,7 @@ class FeatureBasedFinetuner(Finetuner):
     @torch.no_grad()
     def predict(self, feats: CachedFeatures) -> list[np.ndarray]:
         self.model.eval()
-        order = sorted(range(len(feats)), key=lambda i: _length(feats[i]))
+        order = sorted(range(len(feats)), key=lambda i: len(feats[i].input_ids))
         outputs: list[np.ndarray | None] = [None] * len(feats)
         for start in range(0, len(order), self.cfg.eval_batch_size):
             idx = order[start : start + self.cfg.eval_batch_size]

@@ -253,7 +253,8 @@ class Finetuner:
 def finetune(cfg: FinetuneConfig, **kwargs: Any) -> dict[str, Any]:
     """Run one fine-tuning job; returns what it wrote to OUT/metrics.json."""
     if cfg.feature_based:  # the paper's Table 7: a head on cached frozen activations
-        from launch.finetune.feature_based import FeatureBasedFinetuner
+        from launch.finetune.feature_based import FeatureBased
 
-        return FeatureBasedFinetuner(cfg, **kwargs).run()
+        helpers = {"linear_schedule": staticmethod(linear_schedule), "param_groups": staticmethod(_param_groups)}
+        return type("FeatureBasedFinetuner", (FeatureBased, Finetuner), helpers)(cfg, **kwargs).run()
     return Finetuner(cfg, **kwargs).run()
