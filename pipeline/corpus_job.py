@@ -69,6 +69,7 @@ class CorpusConfig:
     input_format: str = "auto"  # auto | wiki-xml | text | lines | jsonl
     shard_format: str = "arrow"  # arrow | parquet
     max_document_bytes: int = 16_000_000  # larger documents are skipped (counted, dead-lettered)
+    max_unk_share: float = 0.05  # fail when more word pieces than this are [UNK] (the vocab does not fit the text)
     progress_seconds: float = 10.0  # log a progress line this often while the job runs (0: never)
 
     def validate(self) -> None:
@@ -94,6 +95,7 @@ class CorpusConfig:
             (self.shard_format in ("arrow", "parquet"), "--shard-format must be arrow or parquet"),
             (self.max_document_bytes >= 1024, "--max-document-bytes must be at least 1024"),
             (self.progress_seconds >= 0, "--progress-seconds must be 0 (off) or more"),
+            (0.0 <= self.max_unk_share <= 1.0, "--max-unk-share is a share in [0, 1]"),
             (bool(self.inputs), "give at least one --input"),
             (bool(self.out), "give --out DIR"),
             (not os.path.isfile(self.out), f"--out {self.out} is a file; pass a directory"),
@@ -158,6 +160,21 @@ def _clear_previous_output(out: str) -> None:
         if name.endswith((".arrow", ".parquet")) and "-of-" in name or name in ("manifest.json", TMP, "dead_letter"):
             path = os.path.join(out, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int, num_files: int) -> None:
+    """Refuse a corpus that is not one: no instances at all, or a vocabulary that turned the text into [UNK]."""
+    skipped = {k: v for k, v in counters.items() if k.startswith("skipped_") and v}
+    if instances == 0:
+        why = ", ".join(f"{k} {v}" for k, v in skipped.items()) or "nothing was skipped: the input holds no text"
+        raise ValueError(f"no instances were produced from {num_files} input file(s) ({why}); check --input "
+                         f"and --format; dead_letter/ in --out lists the skipped records")
+    tokens, unk = counters.get("tokens", 0), counters.get("unk_tokens", 0)
+    if tokens and unk / tokens > config.max_unk_share:
+        raise ValueError(f"{unk / tokens:.1%} of the {tokens:,} word pieces are [UNK] (limit --max-unk-share "
+                         f"{config.max_unk_share}): the vocabulary does not fit this text. Pass the BERT WordPiece "
+                         f"vocab.txt made for it (cased or uncased like the text) or --train-vocab-size N; "
+                         f"--max-unk-share 1 accepts it as it is")
 
 
 def _read_jsonl(pattern: str) -> list:
@@ -275,6 +292,8 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     counters = {**_counters(p.result), **extra_counters}
 
     shard_infos = sorted(_read_jsonl(FileSystems.join(tmp, "shards*")), key=lambda s: (s["split"] != "train", s["path"]))
+    # Checked before the manifest is written: a failed corpus stays recognisably unfinished.
+    _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files))
     with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
         f.write(vocab_text.encode("utf-8"))
     cfg = dataclasses.asdict(config)
@@ -305,6 +324,4 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     FileSystems.delete([tmp])
     log.info("corpus done in %.1f s: %s instances in %d shards; counters %s", time.time() - start,
              f"{manifest['num_instances']:,}", len(shard_infos), json.dumps(counters))
-    if manifest["num_instances"] == 0:
-        log.warning("no instances were produced; the counters in %s/manifest.json say what was skipped and why", out)
     return CorpusResult(Path(out), manifest, time.time() - start)

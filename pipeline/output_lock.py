@@ -45,10 +45,16 @@ class OutputLock:
         self.path = self.out / LOCK_NAME
         self.command = command
         self._owned = False
+        self._created = False
 
     def acquire(self) -> "OutputLock":
         if "://" in str(self.out):
             return self
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"--out {self.out} is a file; pass a directory")
+        # A directory we create only to hold the lock is removed again if the command leaves it empty
+        # (a refused command must not leave an empty output folder behind).
+        self._created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
                   "argv": sys.argv[1:], "since": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -77,6 +83,11 @@ class OutputLock:
             if holder.get("pid") == os.getpid():
                 self.path.unlink(missing_ok=True)
             self._owned = False
+            if self._created:
+                try:
+                    self.out.rmdir()  # only succeeds if empty: nothing but our lock was ever there
+                except OSError:
+                    pass
 
     def __enter__(self) -> "OutputLock":
         return self.acquire()

@@ -113,9 +113,12 @@ class _TokenizeFn(beam.DoFn):
         self.tokenizer = None
         self.sentence_count = Metrics.counter("corpus", "sentences")
         self.token_count = Metrics.counter("corpus", "tokens")
+        # How well the vocabulary fits the text: a wrong vocab turns most of it into [UNK] (see corpus_job).
+        self.unk_count = Metrics.counter("corpus", "unk_tokens")
 
     def setup(self) -> None:
         self.tokenizer = build_tokenizer(self.vocab_text, self.lowercase)
+        self.unk_id = self.tokenizer.token_to_id("[UNK]")
         self.id_dtype = id_dtype(max(self.tokenizer.get_vocab(with_added_tokens=True).values()))
         self.progress = ProgressWriter(self.progress_dir, "tokenize")
 
@@ -149,6 +152,8 @@ class _TokenizeFn(beam.DoFn):
         lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
         ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=self.id_dtype, count=int(lengths.sum()))
         ends = np.cumsum(lengths)
+        if ids.size:
+            self.unk_count.inc(int(np.count_nonzero(ids == self.unk_id)))
         first = 0
         for doc_id, sentences in pending:
             last = first + len(sentences)

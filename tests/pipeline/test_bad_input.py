@@ -185,3 +185,29 @@ def test_beam_options_pass_through(capsys):
     assert local["runner"] == "FnApiRunner" and local["direct_running_mode"] == "multi_processing"
     assert "Beam options take the form" in _fails(["corpus", "--input", "x", "--vocab", "v", "--out", "o",
                                                    "--flink_master", "h:1"], capsys)
+
+
+def test_a_vocab_that_does_not_fit_the_text_fails_with_its_unk_share(tmp_path, data_dir, capsys):
+    """A SentencePiece-style list with BERT's five specials: nearly every word piece of real text is [UNK]."""
+    spm = tmp_path / "spm_vocab.txt"
+    pieces = ["\u2581the", "\u2581of", "\u2581and", "\u2581to", "s", "ing", "\u2581a", "\u2581in", "ed", "\u2581was"]
+    spm.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *pieces]) + "\n", encoding="utf-8")
+    out = tmp_path / "corpus"
+    err = _fails(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--vocab", str(spm),
+                  "--out", str(out), "--seq-len", "64", "--dupe-factor", "1"], capsys)
+    assert "of the" in err and "word pieces are [UNK] (limit --max-unk-share 0.05)" in err
+    assert "does not fit this text" in err and not (out / "manifest.json").exists()
+
+
+def test_the_unk_share_is_counted_in_the_manifest(small_corpus):
+    counters = json.loads((small_corpus / "manifest.json").read_text())["counters"]
+    assert 0 <= counters["unk_tokens"] < 0.01 * counters["tokens"]  # the right vocab: almost no [UNK]
+
+
+def test_empty_input_is_an_error_not_a_zero_instance_corpus(tmp_path, data_dir, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    out = tmp_path / "corpus"
+    err = _fails(["corpus", "--input", str(empty), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+                  "--out", str(out), "--seq-len", "64"], capsys)
+    assert "no instances were produced from 1 input file(s)" in err and not (out / "manifest.json").exists()
