@@ -107,25 +107,31 @@ class _AssignShard(beam.DoFn):
             yield (split, index), batch.take(np.flatnonzero(shard_of == index))
 
 
-def _all_shard_keys(_, counts, num_shards: int, instances_per_shard: int) -> Iterable:
-    # Every shard exists, even one no instance hashed to (tiny corpora), so names stay `-of-N` true.
-    for split, n in shard_counts(counts, num_shards, instances_per_shard).items():
-        for index in range(n):
-            yield (split, index), None
-
-
 class _WriteShardFn(beam.DoFn):
-    def __init__(self, out_dir: str, shard_format: str, num_shards: int, instances_per_shard: int):
+    """Writes one shard per group of `(split, index)` sub-batches (`process`), or with `empty_only`,
+    every shard of the layout that no instance hashed to (tiny corpora), so names stay `-of-N` true."""
+
+    def __init__(self, out_dir: str, shard_format: str, num_shards: int, instances_per_shard: int, empty_only: bool = False):
         self.out_dir = out_dir
         self.shard_format = shard_format
         self.num_shards = num_shards
         self.instances_per_shard = instances_per_shard
+        self.empty_only = empty_only
         self.written = Metrics.counter("corpus", "shards_written")
 
-    def process(self, keyed, counts) -> Iterable:
-        (split, index), values = keyed
-        rows = InstanceBatch.concat([v for v in values if v is not None]).sorted_by_key()
-        count = shard_counts(counts, self.num_shards, self.instances_per_shard)[split]
+    def process(self, element, counts, written_names=()) -> Iterable:
+        layout = shard_counts(counts, self.num_shards, self.instances_per_shard)
+        if self.empty_only:
+            done = set(written_names)
+            for split, count in layout.items():
+                for index in range(count):
+                    if shard_name(split, index, count, self.shard_format) not in done:
+                        yield self._write(split, index, count, InstanceBatch.concat([]))
+            return
+        (split, index), batches = element
+        yield self._write(split, index, layout[split], InstanceBatch.concat(list(batches)).sorted_by_key())
+
+    def _write(self, split: str, index: int, count: int, rows: InstanceBatch) -> dict:
         name = shard_name(split, index, count, self.shard_format)
         data = encode_shard(rows, self.shard_format)
         # Retries rewrite the same bytes to the same name, so a plain create is idempotent.
@@ -133,7 +139,7 @@ class _WriteShardFn(beam.DoFn):
             f.write(data)
         self.written.inc()
         log.info("wrote %s (%d instances)", name, len(rows))
-        yield {"path": name, "split": split, "num_instances": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
+        return {"path": name, "split": split, "num_instances": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 class WriteShards(beam.PTransform):
@@ -150,15 +156,19 @@ class WriteShards(beam.PTransform):
         counts = beam.pvalue.AsDict(
             instances | "SplitOf" >> beam.Map(lambda e: (e[0], len(e[1]))) | "CountPerSplit" >> beam.CombinePerKey(sum)
         )
-        keyed = instances | "AssignShard" >> beam.ParDo(_AssignShard(num_shards, per_shard), counts=counts)
-        every_shard = (
-            instances.pipeline
-            | "One" >> beam.Create([None])
-            | "AllShardKeys" >> beam.FlatMap(_all_shard_keys, counts, num_shards, per_shard)
-        )
-        return (
-            (keyed, every_shard)
-            | "WithEmptyShards" >> beam.Flatten()
+        written = (
+            instances
+            | "AssignShard" >> beam.ParDo(_AssignShard(num_shards, per_shard), counts=counts)
+            # Straight into the grouping: a Flatten here (for empty shards) would make the local
+            # runner materialise every instance once more.
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShard" >> beam.ParDo(_WriteShardFn(out_dir, shard_format, num_shards, per_shard), counts=counts)
         )
+        empty = (
+            instances.pipeline
+            | "One" >> beam.Create([None])
+            | "WriteEmptyShards" >> beam.ParDo(
+                _WriteShardFn(out_dir, shard_format, num_shards, per_shard, empty_only=True), counts=counts,
+                written_names=beam.pvalue.AsList(written | "WrittenNames" >> beam.Map(lambda info: info["path"])))
+        )
+        return (written, empty) | "AllShards" >> beam.Flatten()
