@@ -10,6 +10,8 @@ Measured in the same run on the same text:
 - peak memory of the job at 1x and Nx the input (N copies of every file, new document ids): the
   summed RSS of the job's process and its children, sampled every 20 ms (and the kernel's peak RSS
   of the job's own process);
+- the reference `create_pretraining_data.py` (google-research/bert) is listed but not run: it needs
+  TensorFlow, which this project does not install (issue 12 measured it at 75k tokens/s);
 - per-sample masking at seq 128 (the loader's dynamic re-masking): `mask_tokens` against a
   transcription of google-research/bert's per-token Python loop.
 Prints a table and the ratios. Both sides get the same cores (`--threads`, default all of them):
@@ -212,6 +214,9 @@ def main() -> None:
         ("job tokens/s (1x)", f"{job_tps:,.0f}"),
         ("tokenizers encode_batch tokens/s", f"{peer:,.0f}"),
         ("ratio job / encode_batch", f"{job_tps / peer:.3f}"),
+        # The issue's reference point; running it would mean installing TensorFlow (tensorflow-cpu
+        # 2.21 is a 274 MB wheel plus its dependencies) for one row of one benchmark.
+        ("google-research/bert create_pretraining_data.py", "not run: needs TensorFlow, not installed by this project"),
         ("tokens (job / peer)", f"{one['tokens']:,} / {peer_tokens:,}"),
         ("instances 1x", f"{one['instances']:,}"),
         ("job seconds 1x", f"{one['seconds']:.1f}"),
