@@ -153,13 +153,28 @@ def _counters(result) -> dict[str, int]:
 
 
 def _clear_previous_output(out: str) -> None:
-    # Only our own files: a rerun with fewer shards must not leave stale ones behind.
+    """Remove an earlier corpus's files from `out` (a rerun with fewer shards must not leave stale ones),
+    but only where bertpipe provably wrote them: `out` holds our manifest or our unfinished-job folder."""
     if "://" in out or not os.path.isdir(out):
         return
-    for name in os.listdir(out):
-        if name.endswith((".arrow", ".parquet")) and "-of-" in name or name in ("manifest.json", TMP, "dead_letter"):
-            path = os.path.join(out, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    names = [n for n in os.listdir(out)
+             if n.endswith((".arrow", ".parquet")) and "-of-" in n or n in ("manifest.json", TMP, "dead_letter")]
+    if not names:
+        return
+    if not (os.path.isdir(os.path.join(out, TMP)) or _is_our_manifest(os.path.join(out, "manifest.json"))):
+        raise ValueError(f"--out {out} holds {', '.join(sorted(names)[:3])}{' ...' if len(names) > 3 else ''}, "
+                         "which bertpipe did not write (no bertpipe manifest.json): choose another --out")
+    for name in names:
+        path = os.path.join(out, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def _is_our_manifest(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int, num_files: int) -> None:

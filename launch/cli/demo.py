@@ -34,6 +34,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="delete --out first instead of reusing finished steps")
 
 
+# What the demo writes into --out: `--fresh` deletes these and nothing else, and only where the marker
+# proves an earlier demo wrote them.
+MARKER = ".bertpipe-demo"
+WRITTEN = ("corpus", "run", "hf_model", "sweep", "loss.png", "demo_grid.yaml", MARKER)
+
+
+def _clear_previous_demo(out: Path) -> None:
+    if not (out / MARKER).is_file():
+        if any(out.iterdir()):
+            raise CliError(f"--out {out} is not empty and was not written by `bertpipe demo` (no {MARKER}); "
+                           "--fresh deletes only a demo's own output: choose another --out")
+        return
+    for name in WRITTEN:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
 def _step(name: str, argv: list[str]) -> None:
     log.info("demo: bertpipe %s", " ".join(argv))
     started = time.monotonic()
@@ -48,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
     if not DATA.is_dir():
         raise CliError(f"bundled data not found at {DATA}; run the demo from a checkout of the repository")
     out: Path = args.out
-    if args.fresh and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
     corpus, run_dir, hf_dir, sweep_dir = out / "corpus", out / "run", out / "hf_model", out / "sweep"
+    if args.fresh and out.exists():
+        _clear_previous_demo(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("a `bertpipe demo` output folder; `demo --fresh` may delete what it wrote here\n")
 
     if not (corpus / "manifest.json").is_file():
         _step("corpus", [

@@ -7,7 +7,8 @@ and --seed, which each trial takes from its grid point and seed index. Crashed t
 continues with --resume (finished trials are kept).
 
 Grids: paper (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), quick (batch 32 x lr 5e-5/3e-5 x 1
-epoch), or a YAML file mapping fine-tuning settings to lists (`lr: [5e-5, 1e-4]`).
+epoch), table7 (with --tasks conll2003: the six feature-based rows of the paper's Table 7 and the
+fine-tuning row, results next to the paper's column), or a YAML file mapping fine-tuning settings to lists (`lr: [5e-5, 1e-4]`).
 
 examples:
   bertpipe sweep --tasks sst2,mrpc,rte --checkpoint runs/base --data-dir data/glue --out out/sweep
@@ -32,7 +33,9 @@ ON_INTERRUPT = "finished trials are kept; continue with the same command plus --
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", required=True, help="comma-separated task names, e.g. sst2,mrpc,rte")
-    parser.add_argument("--grid", default="paper", help="paper | quick | FILE.yaml (default paper)")
+    parser.add_argument("--grid", default="paper",
+                        help="paper | quick | table7 (conll2003: the paper's Table 7 feature-based rows plus fine-tuning) "
+                        "| FILE.yaml (default: paper)")
     parser.add_argument("--seeds", type=int, default=1, help="random restarts per grid point (seeds 1..N; default 1)")
     parser.add_argument("--address", default=None,
                         help="Ray cluster to use: auto | ray://HOST:10001 (default: a local Ray, or RAY_ADDRESS under `ray job submit`)")

@@ -211,3 +211,16 @@ def test_empty_input_is_an_error_not_a_zero_instance_corpus(tmp_path, data_dir, 
     err = _fails(["corpus", "--input", str(empty), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
                   "--out", str(out), "--seq-len", "64"], capsys)
     assert "no instances were produced from 1 input file(s)" in err and not (out / "manifest.json").exists()
+
+
+def test_corpus_never_deletes_files_it_did_not_write(tmp_path, data_dir, capsys):
+    """--out holding another tool's manifest.json and shard-like files: refused, every file kept."""
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"format": "someone-else"}')
+    (out / "train-00000-of-00002.arrow").write_bytes(b"their data")
+    err = _fails(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"),
+                  "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"), "--out", str(out)], capsys)
+    assert "which bertpipe did not write" in err
+    assert (out / "manifest.json").read_text() == '{"format": "someone-else"}'
+    assert (out / "train-00000-of-00002.arrow").read_bytes() == b"their data"
