@@ -96,11 +96,12 @@ def create_instances_from_document(
     current_chunk: list[np.ndarray] = []
     current_length = 0
     i = 0
-    while i < len(document):
+    n_sentences = len(document)  # once: a document may be a lazy sequence (`SentenceViews`)
+    while i < n_sentences:
         segment = document[i]
         current_chunk.append(segment)
         current_length += segment.size
-        if i == len(document) - 1 or current_length >= target_seq_length:
+        if i == n_sentences - 1 or current_length >= target_seq_length:
             if current_chunk:
                 a_end = 1
                 if len(current_chunk) >= 2:
@@ -111,9 +112,10 @@ def create_instances_from_document(
                     target_b_length = target_seq_length - tokens_a.size
                     random_index = _random_other_document(doc_index, len(documents), rng)
                     random_document = documents[random_index]
-                    random_start = int(rng.integers(0, len(random_document)))
+                    random_length = len(random_document)
+                    random_start = int(rng.integers(0, random_length))
                     pieces, b_len = [], 0
-                    for j in range(random_start, len(random_document)):
+                    for j in range(random_start, random_length):
                         pieces.append(random_document[j])
                         b_len += random_document[j].size
                         if b_len >= target_b_length:

@@ -44,10 +44,12 @@ class SentenceViews(Sequence):
         return int(self.ends.size)
 
     def __getitem__(self, j: int) -> np.ndarray:
-        if not -len(self) <= j < len(self):
-            raise IndexError(f"sentence {j} of {len(self)}")
-        j %= len(self)
-        return self.ids[int(self.ends[j - 1]) if j else 0 : int(self.ends[j])]
+        ends = self.ends  # on the NSP hot path: numpy raises the IndexError past the end
+        if j < 0:
+            j += ends.size
+            if j < 0:
+                raise IndexError(f"sentence {j - ends.size} of {ends.size}")
+        return self.ids[ends[j - 1] if j else 0 : ends[j]]
 
     def __iter__(self):
         start = 0
