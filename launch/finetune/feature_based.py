@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,6 @@ from launch.finetune.encoding import LengthGroupedBatches, collate, loss_weights
 from launch.finetune.examples import DataError
 from launch.finetune.feature_cache import CacheStats, FeatureCache, SplitKey, checkpoint_digest, data_digest, default_cache_dir
 from launch.finetune.feature_extraction import parse_layers
-from launch.pretrain.schedule import build_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +104,10 @@ class FrozenEncoder:
 class FeatureBased:
     """What replaces `Finetuner`'s task model: a head on cached frozen activations.
 
-    A mixin, composed with `Finetuner` by `launch.finetune.runner.finetune` (which hands in its
-    `linear_schedule` and `param_groups`), so that this module does not import the runner.
+    A mixin, composed with `Finetuner` by `launch.finetune.runner.finetune`, so that this module does
+    not import the runner: it overrides the model (`load_model`), the batches, the loss, the learning
+    rate and `predict`; the training loop, evaluation, history and outputs are fine-tuning's own.
     """
-
-    linear_schedule: Any  # runner.linear_schedule
-    param_groups: Any  # runner._param_groups
 
     def __init__(self, cfg, **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
@@ -158,48 +154,25 @@ class FeatureBased:
         batch = {k: v.to(self.device) for k, v in batch.items()}
         return self.model(batch["features"], batch["attention_mask"]), batch
 
-    def train(self) -> dict[str, float]:
-        cfg, feats = self.cfg, self.train_feats
-        gen = torch.Generator().manual_seed(cfg.seed)
-        if use_length_grouping(cfg.group_by_length, feats):  # the same batches fine-tuning would draw
-            sampler = LengthGroupedBatches([len(f.input_ids) for f in feats], cfg.batch_size, gen, weights=loss_weights(feats))
+    def train_batches(self, gen: torch.Generator) -> "_Batches":
+        feats = self.train_feats
+        if use_length_grouping(self.cfg.group_by_length, feats):  # the same batches fine-tuning would draw
+            sampler = LengthGroupedBatches([len(f.input_ids) for f in feats], self.cfg.batch_size, gen,
+                                           weights=loss_weights(feats))
         else:
-            sampler = BatchSampler(RandomSampler(range(len(feats)), generator=gen), cfg.batch_size, drop_last=False)
-        steps = cfg.epochs * len(sampler)
-        opt = torch.optim.AdamW(self.param_groups(self.model, cfg.weight_decay), lr=cfg.feature_lr)
-        sched = build_scheduler(opt, self.linear_schedule(int(cfg.warmup * steps), steps))
-        from tqdm.auto import tqdm
+            sampler = BatchSampler(RandomSampler(range(len(feats)), generator=gen), self.cfg.batch_size, drop_last=False)
+        return _Batches(feats, sampler)
 
-        bar = tqdm(total=steps, desc=f"feature-based {self.task.name}", unit="step", disable=not cfg.progress,
-                   dynamic_ncols=True)
-        t0 = time.perf_counter()
-        losses: list[float] = []
-        self.model.train()
-        for epoch in range(cfg.epochs):
-            total, n = 0.0, 0
-            for idx in sampler:
-                out, batch = self._forward(feats.batch(list(idx)))
-                loss = self.task.loss(out, batch)
-                if not math.isfinite(loss.item()):
-                    raise FloatingPointError(f"loss became {loss.item()} at epoch {epoch}; lower --feature-lr")
-                loss.backward()
-                if cfg.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                opt.step()
-                sched.step()
-                opt.zero_grad(set_to_none=True)
-                total, n = total + loss.item(), n + 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}")
-            losses.append(total / max(n, 1))
-            logger.info("%s epoch %d/%d: mean train loss %.4f", self.task.name, epoch + 1, cfg.epochs, losses[-1])
-            if self.on_epoch_end is not None:
-                self.on_epoch_end(epoch + 1, losses[-1])
-        bar.close()
+    def batch_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out, batch = self._forward(batch)
+        return self.task.loss(out, batch)
+
+    def peak_lr(self) -> float:
+        return self.cfg.feature_lr  # a freshly initialised head learns at its own rate
+
+    def train_stats(self) -> dict[str, Any]:
         s = self.cache_stats
-        return {"train_loss": losses[-1], "train_seconds": time.perf_counter() - t0, "train_steps": steps,
-                "train_examples": len(self.data.train), "feature_seconds": self.feature_seconds,
-                "feature_cache_hits": s.hits, "feature_cache_misses": s.misses,
+        return {"feature_seconds": self.feature_seconds, "feature_cache_hits": s.hits, "feature_cache_misses": s.misses,
                 "encoder_batches": s.encoder_batches, "encoder_loaded": int(self.encoder_loaded),
                 "feature_based": True, "layers": self.cfg.layers, "feature_head": self.cfg.feature_head}
 
@@ -228,3 +201,16 @@ class FeatureBased:
                                 "labels": list(self.data.labels) if self.data.labels else None}
         (path / "head.json").write_text(json.dumps(info, indent=2) + "\n")
         return path
+
+
+class _Batches:
+    """The cached features' batches for one epoch, drawn afresh from `sampler` each time it is iterated."""
+
+    def __init__(self, feats: CachedFeatures, sampler: Any) -> None:
+        self.feats, self.sampler = feats, sampler
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        return (self.feats.batch(list(idx)) for idx in self.sampler)

@@ -80,7 +80,9 @@ class FinetuneConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
     threads: int | None = None  # torch CPU threads (null: as OMP_NUM_THREADS sets)
     save_model: bool = True  # write the fine-tuned model (HF format) to OUT/model
-    progress: bool = True  # show a progress bar
+    progress: bool = True
+    eval_every_epoch: bool = True  # evaluate on dev after every epoch (OUT/log_history.json, learning_curve.png)
+    tensorboard: bool = True  # TensorBoard scalars in OUT/tensorboard/ (loss, lr per step; dev metrics per epoch)  # show a progress bar
 
     def validate(self) -> None:
         """Refuse settings that cannot train, naming the flag to change."""

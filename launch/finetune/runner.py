@@ -23,6 +23,7 @@ from launch.config import save_config
 from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
 from launch.finetune.device import pick_device
 from launch.finetune.finetune_config import FinetuneConfig
+from launch.finetune.history import TrainingHistory
 from launch.finetune.examples import DataError
 from launch.finetune.encoding import LengthGroupedBatches, loss_weights, use_length_grouping
 from launch.finetune.kinds import Task, TaskData
@@ -142,54 +143,82 @@ class Finetuner:
 
     # -- training ----------------------------------------------------------------------------------------
 
-    def train(self) -> dict[str, float]:
+    def train_batches(self, gen: torch.Generator) -> Any:
+        """One epoch's batches (re-iterated each epoch, reshuffled by `gen`); has a len()."""
         cfg = self.cfg
-        gen = torch.Generator().manual_seed(cfg.seed)
         if use_length_grouping(cfg.group_by_length, self.train_feats):
             # Token-averaged losses (NER) get batches of equal labelled tokens, else grouping re-weights them.
             batches = LengthGroupedBatches([_length(f) for f in self.train_feats], cfg.batch_size, gen,
                                            weights=loss_weights(self.train_feats))
-            loader = DataLoader(self.train_feats, batch_sampler=batches, collate_fn=self.task.collate)
-        else:
-            loader = DataLoader(self.train_feats, batch_size=cfg.batch_size, shuffle=True, generator=gen,
-                                collate_fn=self.task.collate)
-        steps = cfg.epochs * len(loader)
-        warmup = int(cfg.warmup * steps)
+            return DataLoader(self.train_feats, batch_sampler=batches, collate_fn=self.task.collate)
+        return DataLoader(self.train_feats, batch_size=cfg.batch_size, shuffle=True, generator=gen,
+                          collate_fn=self.task.collate)
+
+    def batch_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            out = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        return self.task.loss(out, batch)
+
+    def peak_lr(self) -> float:
+        return self.cfg.lr
+
+    def optimizer(self) -> torch.optim.Optimizer:
         # fused: one kernel over all parameters (CPU and CUDA), a large share of a small model's step time.
-        opt = torch.optim.AdamW(_param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6,
-                                fused=True)
-        sched = build_scheduler(opt, linear_schedule(warmup, steps))
+        return torch.optim.AdamW(_param_groups(self.model, self.cfg.weight_decay), lr=self.peak_lr(), betas=(0.9, 0.999),
+                                 eps=1e-6, fused=True)
+
+    def train_stats(self) -> dict[str, Any]:
+        """What this kind of training adds to metrics.json."""
+        return {}
+
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        loader = self.train_batches(torch.Generator().manual_seed(cfg.seed))
+        steps = cfg.epochs * len(loader)
+        opt = self.optimizer()
+        sched = build_scheduler(opt, linear_schedule(int(cfg.warmup * steps), steps))
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc=f"finetune {self.task.name}", unit="step", disable=not cfg.progress, dynamic_ncols=True)
         t0 = time.perf_counter()
         losses: list[float] = []
+        history = TrainingHistory(self.out, self.task.metric, tensorboard=cfg.tensorboard)
+        self.last_dev: dict[str, float] | None = None
+        step = 0
         self.model.train()
         for epoch in range(cfg.epochs):
             epoch_loss, n = 0.0, 0
             for batch in loader:
-                batch = {k: v.to(self.device) for k, v in batch.items()}
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                    out = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-                loss = self.task.loss(out, batch)
+                loss = self.batch_loss(batch)
                 if not math.isfinite(loss.item()):
-                    raise FloatingPointError(f"loss became {loss.item()} at epoch {epoch}; lower --lr")
+                    raise FloatingPointError(f"loss became {loss.item()} at epoch {epoch}; lower the learning rate")
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                if cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
-                epoch_loss += loss.item()
+                value, lr = loss.item(), sched.get_last_lr()[0]
+                epoch_loss += value
                 n += 1
+                step += 1
+                history.step(step, value, lr)
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{sched.get_last_lr()[0]:.2e}")
+                bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}")
             losses.append(epoch_loss / max(n, 1))
             logger.info("%s epoch %d/%d: mean train loss %.4f", self.task.name, epoch + 1, cfg.epochs, losses[-1])
+            if cfg.eval_every_epoch or epoch + 1 == cfg.epochs:
+                # The last epoch's evaluation is the run's result (run() does not evaluate again).
+                self.last_dev = self.evaluate()
+                history.epoch(epoch + 1, step, losses[-1], sched.get_last_lr()[0], self.last_dev)
+                self.model.train()
             if self.on_epoch_end is not None:
                 self.on_epoch_end(epoch + 1, losses[-1])
         bar.close()
+        history.close()
         return {"train_loss": losses[-1], "train_seconds": time.perf_counter() - t0, "train_steps": steps,
-                "train_examples": len(self.data.train)}
+                "train_examples": len(self.data.train), **self.train_stats()}
 
     # -- evaluation ----------------------------------------------------------------------------------------
 
@@ -228,7 +257,7 @@ class Finetuner:
         save_config(self.cfg, self.out / "config.yaml")
         self.prepare()
         train_stats = self.train()
-        dev = self.evaluate()
+        dev = self.last_dev if self.last_dev is not None else self.evaluate()
         result = {"task": self.task.name, "metric": self.task.metric, "score": dev.get(self.task.metric),
                   **dev, **train_stats, "device": str(self.device), "bf16": self.bf16,
                   "checkpoint": str(self.cfg.checkpoint)}
@@ -255,6 +284,5 @@ def finetune(cfg: FinetuneConfig, **kwargs: Any) -> dict[str, Any]:
     if cfg.feature_based:  # the paper's Table 7: a head on cached frozen activations
         from launch.finetune.feature_based import FeatureBased
 
-        helpers = {"linear_schedule": staticmethod(linear_schedule), "param_groups": staticmethod(_param_groups)}
-        return type("FeatureBasedFinetuner", (FeatureBased, Finetuner), helpers)(cfg, **kwargs).run()
+        return type("FeatureBasedFinetuner", (FeatureBased, Finetuner), {})(cfg, **kwargs).run()
     return Finetuner(cfg, **kwargs).run()

@@ -1,0 +1,38 @@
+"""Fine-tuning you can watch: TensorBoard scalars, a per-epoch dev history and a learning curve (issue 13)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from launch import cli
+from repo_paths import GLUE
+
+
+def test_a_run_writes_tensorboard_a_per_epoch_history_and_a_learning_curve(tiny_checkpoint, tmp_path):
+    import matplotlib.image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "sst2"
+    argv = ["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+            "--out", str(out), "--max-train-samples", "64", "--max-eval-samples", "32", "--epochs", "3",
+            "--batch-size", "16", "--max-seq-len", "48", "--lr", "1e-3", "--no-progress", "--no-save-model"]
+    assert cli.main(argv) == 0
+    history = json.loads((out / "log_history.json").read_text())
+    assert [r["epoch"] for r in history] == [1, 2, 3] and [r["step"] for r in history] == [4, 8, 12]
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["train_loss"] > 0 for r in history)
+    # The final metrics are the last epoch's evaluation, not a second, different one.
+    assert json.loads((out / "metrics.json").read_text())["accuracy"] == history[-1]["accuracy"]
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/epoch_loss", "dev/accuracy"} <= tags
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 13))
+    assert [e.step for e in events.Scalars("dev/accuracy")] == [4, 8, 12]
+
+    image = matplotlib.image.imread(out / "learning_curve.png")
+    assert image.shape[0] >= 400 and image.shape[1] >= 800 and image[..., :3].std() > 0.05
+    orange = np.abs((image[..., :3] * 255).astype(int) - [255, 127, 14]).sum(-1) < 40  # the dev metric
+    assert orange.mean() > 0.0005
