@@ -31,6 +31,8 @@ class FinetuneConfig:
     Run:
       freeze: fine-tune the task model with the encoder's weights fixed (its own head; the encoder still
         runs every step, with dropout). Not the paper's feature-based approach: that is feature_based.
+      init: `random` keeps the checkpoint's architecture and vocabulary but draws fresh weights, the
+        control run that shows what pre-training adds (`make demo` prints both).
     Feature-based (the paper's Table 7; launch/finetune/feature_based.py):
       feature_based: train a new head (feature_head: a two-layer BiLSTM of lstm_hidden units per
         direction then linear, or linear only; lr feature_lr) on the frozen activations of `layers`
@@ -80,9 +82,10 @@ class FinetuneConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
     threads: int | None = None  # torch CPU threads (null: as OMP_NUM_THREADS sets)
     save_model: bool = True  # write the fine-tuned model (HF format) to OUT/model
-    progress: bool = True
+    progress: bool = True  # show a progress bar
+    init: Literal["checkpoint", "random"] = "checkpoint"  # random: the checkpoint's architecture and vocabulary with fresh weights (the control that shows what pre-training adds)
     eval_every_epoch: bool = True  # evaluate on dev after every epoch (OUT/log_history.json, learning_curve.png)
-    tensorboard: bool = True  # TensorBoard scalars in OUT/tensorboard/ (loss, lr per step; dev metrics per epoch)  # show a progress bar
+    tensorboard: bool = True  # TensorBoard scalars in OUT/tensorboard/ (loss, lr per step; dev metrics per epoch)
 
     def validate(self) -> None:
         """Refuse settings that cannot train, naming the flag to change."""
@@ -105,6 +108,8 @@ class FinetuneConfig:
             (self.lstm_hidden >= 1, f"--lstm-hidden must be >= 1, got {self.lstm_hidden}"),
             (self.feature_lr > 0, f"--feature-lr must be positive, got {self.feature_lr}"),
             (not (self.freeze and self.feature_based), "--freeze and --feature-based are two different setups; choose one"),
+            (self.init == "checkpoint" or not (self.freeze or self.feature_based),
+             "--init random with --freeze or --feature-based would train a head on random features; drop one"),
         ]
         for ok, message in checks:
             if not ok:

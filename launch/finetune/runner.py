@@ -136,6 +136,12 @@ class Finetuner:
             raise DataError(f"cannot load checkpoint {cfg.checkpoint}: {err}") from None
         if report.unexpected_keys and not report.initialized_heads:
             logger.warning("checkpoint tensors ignored: %s", report.unexpected_keys[:8])
+        if cfg.init == "random":  # the baseline without pre-training: same shapes and vocabulary, fresh weights
+            from model.bert import init_weights
+
+            torch.manual_seed(cfg.seed)
+            init_weights(model, model.bert.config)
+            logger.info("--init random: the checkpoint's weights are replaced by a fresh initialisation")
         if cfg.freeze:
             for p in model.bert.parameters():
                 p.requires_grad_(False)

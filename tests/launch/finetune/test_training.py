@@ -77,6 +77,31 @@ def test_same_seed_same_run_other_seed_other_run(tiny_checkpoint, tmp_path):
     assert json.loads((tmp_path / "a" / "metrics.json").read_text())["train_loss"] == a["train_loss"]
 
 
+def test_init_random_keeps_architecture_and_vocab_but_not_the_weights(tiny_checkpoint, tmp_path):
+    from dataclasses import replace
+
+    from model.hf import load_pretrained
+    from model.bert import BertForPreTraining
+
+    pretrained, _ = load_pretrained(BertForPreTraining, tiny_checkpoint)
+    word = pretrained.bert.embeddings.word.weight
+
+    def model(init: str, seed: int):
+        ft = Finetuner(replace(_cfg(tiny_checkpoint, tmp_path / f"{init}{seed}", seed), init=init))
+        ft.prepare()
+        return ft.model
+
+    loaded, fresh, again, other = model("checkpoint", 1), model("random", 1), model("random", 1), model("random", 2)
+    assert torch.equal(loaded.bert.embeddings.word.weight, word)
+    assert fresh.bert.embeddings.word.weight.shape == word.shape and len(fresh.state_dict()) == len(loaded.state_dict())
+    for name, tensor in fresh.state_dict().items():
+        if name.endswith("weight") and tensor.dim() == 2:  # every matrix redrawn, reproducibly per seed
+            assert not torch.equal(tensor, loaded.state_dict()[name]), name
+            assert torch.equal(tensor, again.state_dict()[name]) and not torch.equal(tensor, other.state_dict()[name]), name
+    with pytest.raises(ValueError, match="--init random with --freeze"):
+        replace(_cfg(tiny_checkpoint, tmp_path / "x", 1), init="random", freeze=True).validate()
+
+
 def _one_example(tokenizer, n_words: int = 60):
     words = [f"w{i}" for i in range(n_words)]
     context = " ".join(words)
