@@ -43,7 +43,7 @@ from launch.finetune.tasks import get_task
 REPO = Path(__file__).resolve().parent.parent
 DATA = {"conll2003": REPO / "data", "sst2": REPO / "data" / "glue", "mrpc": REPO / "data" / "glue"}
 METRIC = {"conll2003": "f1", "sst2": "accuracy", "mrpc": "f1"}
-VARIANTS = ("ours-random", "ours-grouped", "theirs-grouped", "theirs-our-batches", "theirs-trunc-init",
+VARIANTS = ("ours-random", "ours-grouped", "ours-eps8", "theirs-grouped", "theirs-our-batches", "theirs-trunc-init",
             "theirs-our-schedule", "theirs-eps")
 
 
@@ -76,6 +76,8 @@ def run_ours(args, seed: int, variants: set[str]) -> Run:
             cfg.group_by_length = False
         if "ours-grouped" in variants:
             cfg.group_by_length = True
+        if "ours-eps8" in variants:
+            cfg.adam_epsilon = 1e-8  # transformers' default
         result = finetune(cfg)
     return Run(100 * result[METRIC[args.task]], result["train_seconds"])
 

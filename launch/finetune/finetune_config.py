@@ -56,6 +56,7 @@ class FinetuneConfig:
     epochs: int = 3  # training epochs (paper grid: 2, 3, 4)
     warmup: float = 0.1  # fraction of steps with linear warm-up, then linear decay
     weight_decay: float = 0.01  # AdamW weight decay, not on biases and LayerNorm
+    adam_epsilon: float = 1e-6  # AdamW epsilon (the paper's code: 1e-6; transformers' default: 1e-8)
     max_grad_norm: float = 1.0  # gradient clipping (0 = off)
     seed: int = 42  # random seed of the head's init and the data order
     max_seq_len: int = 128  # maximum tokens per input

@@ -172,7 +172,7 @@ class Finetuner:
     def optimizer(self) -> torch.optim.Optimizer:
         # fused: one kernel over all parameters (CPU and CUDA), a large share of a small model's step time.
         return torch.optim.AdamW(_param_groups(self.model, self.cfg.weight_decay), lr=self.peak_lr(), betas=(0.9, 0.999),
-                                 eps=1e-6, fused=True)
+                                 eps=self.cfg.adam_epsilon, fused=True)
 
     def train_stats(self) -> dict[str, Any]:
         """What this kind of training adds to metrics.json."""
