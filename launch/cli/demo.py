@@ -1,10 +1,14 @@
 """Run the whole pipeline on the real data bundled in the repo, on CPU, in minutes.
 
 Steps (each is the real subcommand, called in-process with the same flags a user would type):
-  1. corpus    Wikipedia dump sample + two Austen novels -> sharded Arrow corpus, then `corpus inspect`
-  2. pretrain  the tiny BERT config, 2 local DeepSpeed processes (gloo), a few hundred steps
+  1. corpus    Wikipedia dump sample + two Austen novels -> a WordPiece vocab trained on them and a
+               sharded Arrow corpus (seq 64), then `corpus inspect`
+  2. pretrain  the `demo` config (tiny BERT, 2 layers), 2 local DeepSpeed processes (gloo), 600 steps;
+               its held-out MLM accuracy is printed beside the unigram level (no context used)
   3. export    the run -> a Hugging Face model directory; the loss curve -> loss.png
-  4. sweep     a 2-trial Ray Tune grid fine-tuning the demo checkpoint on bundled SST-2, results table
+  4. sweep     Ray Tune trials fine-tuning on bundled SST-2 the pre-trained checkpoint and the same
+               architecture from random initialisation (`--init random`), --seeds each; both and the
+               difference are printed
 
 Everything lands under --out (default demo_out/). Re-running reuses finished steps unless --fresh.
 """
@@ -12,7 +16,9 @@ Everything lands under --out (default demo_out/). Re-running reuses finished ste
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -28,7 +34,9 @@ DATA = REPO / "data"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")
-    parser.add_argument("--steps", type=int, default=300, help="pre-training steps (default: 300)")
+    parser.add_argument("--steps", type=int, default=600, help="pre-training steps (default: 600)")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="fine-tuning seeds for the pre-trained and the random-init model each (default: 3)")
     parser.add_argument("--nproc", type=int, default=2, help="local DeepSpeed processes (default: 2)")
     parser.add_argument("--skip-sweep", action="store_true", help="stop after export (no Ray sweep)")
     parser.add_argument("--fresh", action="store_true", help="delete --out first instead of reusing finished steps")
@@ -77,36 +85,75 @@ def run(args: argparse.Namespace) -> int:
     if not (corpus / "manifest.json").is_file():
         _step("corpus", [
             "corpus", "--input", str(DATA / "wiki"), str(DATA / "books"),
-            "--vocab", str(DATA / "vocab" / "bert-base-uncased-vocab.txt"),
-            "--out", str(corpus), "--seq-len", "128", "--dupe-factor", "2", "--seed", "12345",
-            "--num-shards", "4", "--heldout-fraction", "0.05",
+            "--train-vocab-size", "4000",  # BERT's 30,522 pieces would be most of this model; see configs/demo.yaml
+            "--out", str(corpus), "--seq-len", "64", "--dupe-factor", "3", "--seed", "12345",
+            "--num-shards", "4", "--heldout-fraction", "0.05", "--progress-seconds", "0",
         ])
     _step("corpus inspect", ["corpus", "inspect", str(corpus), "--examples", "2"])
 
     if not (hf_dir / "config.json").is_file():
         _step("pretrain", [
-            "pretrain", "--config", "tiny", "--data", str(corpus), "--out", str(run_dir),
-            "--nproc", str(args.nproc), "--max-steps", str(args.steps), "--save-every", "100",
+            "pretrain", "--config", "demo", "--data", str(corpus), "--out", str(run_dir),
+            "--nproc", str(args.nproc), "--max-steps", str(args.steps),
         ] + (["--resume"] if (run_dir / "checkpoints").is_dir() else []))
         _step("export", ["export", str(run_dir), "--out", str(hf_dir)])
     from launch.plots import plot_loss
 
     png = plot_loss(run_dir, out / "loss.png")
     log.info("demo: loss curve written to %s", png)
+    pretrained = _mlm_summary(run_dir, corpus)
+    print(pretrained)
 
     if not args.skip_sweep:
         # The paper's grid (lr 2e-5..5e-5) suits BERT-Base/Large; a 2-layer model needs larger steps.
+        # Both inits get the same settings and seeds: the difference is what pre-training adds.
         grid = out / "demo_grid.yaml"
-        grid.write_text("lr: [1.0e-3, 3.0e-4]\nbatch_size: [32]\nepochs: [2]\n", encoding="utf-8")
+        grid.write_text("init: [checkpoint, random]\nlr: [5.0e-4]\nbatch_size: [32]\nepochs: [2]\n", encoding="utf-8")
         from launch.finetune.tune_sweep import holds_sweep
 
         # --resume keeps the trials a previous demo finished (all of them: Ray is not even started).
         _step("sweep", [
             "sweep", "--tasks", "sst2", "--checkpoint", str(hf_dir), "--data-dir", str(DATA / "glue"),
-            "--out", str(sweep_dir), "--grid", str(grid), "--max-seq-len", "64",
+            "--out", str(sweep_dir), "--grid", str(grid), "--max-seq-len", "64", "--seeds", str(args.seeds),
         ] + (["--resume"] if holds_sweep(sweep_dir) else []))
         table = sweep_dir / "results.md"
         if table.is_file():
             print(table.read_text(encoding="utf-8"))
+        print(pretrained)
+        print(init_comparison(json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))["trials"]))
     print(f"\nDemo finished. Everything is under {out}/: corpus/, run/, hf_model/, loss.png, sweep/")
     return 0
+
+
+def _mlm_summary(run_dir: Path, corpus: Path) -> str:
+    """The run's last held-out MLM accuracy beside the corpus's unigram level (what no context gives)."""
+    from pipeline.loader import unigram_mlm_accuracy
+
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    evals = [e for e in evals if "eval_mlm_accuracy" in e]
+    if not evals:
+        return "pre-training: no held-out evaluation was logged"
+    last, unigram = evals[-1], unigram_mlm_accuracy(corpus)
+    return (f"pre-training: held-out MLM accuracy {100 * last['eval_mlm_accuracy']:.1f}% after {last['step']} steps; "
+            f"the unigram level (always the most common masked token) is {100 * unigram:.1f}%")
+
+
+def init_comparison(trials: list[dict]) -> str:
+    """SST-2 dev accuracy of the pre-trained and the random-init fine-tuning, mean +- std over seeds, and
+    the difference paired by seed."""
+    by = {init: {t["point"]["seed"]: t["metrics"]["score"] for t in trials
+                 if (t.get("metrics") or {}).get("score") is not None and t["point"].get("init", "checkpoint") == init}
+          for init in ("checkpoint", "random")}
+    seeds = sorted(set(by["checkpoint"]) & set(by["random"]))
+    if not seeds:
+        return "fine-tuning: no seed finished for both the pre-trained and the random-init model"
+
+    def stat(xs: list[float]) -> str:
+        return f"{100 * statistics.fmean(xs):.1f}%" + (f" +- {100 * statistics.stdev(xs):.1f}" if len(xs) > 1 else "")
+
+    pre, rnd = [by["checkpoint"][s] for s in seeds], [by["random"][s] for s in seeds]
+    diffs = [a - b for a, b in zip(pre, rnd)]
+    return (f"SST-2 dev accuracy over {len(seeds)} seed(s): pre-trained {stat(pre)}, random init {stat(rnd)}; "
+            f"pre-training adds {100 * statistics.fmean(diffs):+.1f} points "
+            f"(per seed: {', '.join(f'{100 * d:+.1f}' for d in diffs)})")
+

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --out (a fresh start if there is none)")
     add_config_flags(parser, PretrainConfig, aliases=ALIASES,
-                     config_help="preset name (tiny, bert-base, bert-large-phase1, bert-large-phase2) or YAML file "
+                     config_help="preset name (tiny, demo, bert-base, bert-large-phase1, bert-large-phase2) or YAML file "
                      "(default with --resume: RUN/config.yaml); flags given here win")
 
 
@@ -47,7 +47,7 @@ def load_run_config(args: argparse.Namespace) -> PretrainConfig:
     if config is None:
         saved = args.out / "config.yaml"
         if not (args.resume and saved.is_file()):
-            raise ValueError("pass --config PRESET_OR_YAML (presets: tiny, bert-base, bert-large-phase1, bert-large-phase2)")
+            raise ValueError("pass --config PRESET_OR_YAML (presets: tiny, demo, bert-base, bert-large-phase1, bert-large-phase2)")
         config = saved
     warn_deprecated("pretrain", args.overrides)
     return config_from_args(args, PretrainConfig, legacy=args.overrides, preset=True, config_file=config)

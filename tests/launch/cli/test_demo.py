@@ -4,6 +4,7 @@ then once more on the same --out, which reuses every finished step."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ BERTPIPE = Path(sys.executable).with_name("bertpipe")
 @pytest.mark.slow
 def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     out = tmp_path / "demo"
-    done = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20"],
+    done = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20", "--seeds", "1"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     manifest = json.loads((out / "corpus" / "manifest.json").read_text())
@@ -27,7 +28,12 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
         assert (out / "hf_model" / name).is_file(), name
     assert (out / "loss.png").stat().st_size > 10_000
     results = json.loads((out / "sweep" / "results.json").read_text())
-    assert len(results["trials"]) == 2
+    assert sorted(t["point"].get("init") for t in results["trials"]) == ["checkpoint", "random"]
+    # What pre-training adds is printed: held-out MLM accuracy beside the unigram level, both SST-2 scores.
+    mlm = re.search(r"held-out MLM accuracy ([\d.]+)% after 20 steps; the unigram level .* is ([\d.]+)%", done.stdout)
+    assert mlm and 0 < float(mlm[2]) < 20, done.stdout[-2000:]
+    assert re.search(r"SST-2 dev accuracy over 1 seed\(s\): pre-trained [\d.]+%, random init [\d.]+%; "
+                     r"pre-training adds [+-][\d.]+ points", done.stdout), done.stdout[-2000:]
     # The inspect summary and the sweep's table both reach the user.
     assert "[CLS]" in done.stdout and "| System | SST-2 | Average |" in done.stdout
 
@@ -36,7 +42,7 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
             *sorted((out / "sweep" / "trials").glob("*/trial_result.json"))]
     assert len(kept) == 5
     stamps = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept}
-    again = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20"],
+    again = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20", "--seeds", "1"],
                            capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-4000:]
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept} == stamps
