@@ -187,7 +187,7 @@ class Finetuner:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc=f"finetune {self.task.name}", unit="step", disable=not cfg.progress, dynamic_ncols=True)
-        t0 = time.perf_counter()
+        t0, eval_seconds = time.perf_counter(), 0.0
         losses: list[float] = []
         history = TrainingHistory(self.out, self.task.metric, tensorboard=cfg.tensorboard)
         self.last_dev: dict[str, float] | None = None
@@ -216,14 +216,18 @@ class Finetuner:
             logger.info("%s epoch %d/%d: mean train loss %.4f", self.task.name, epoch + 1, cfg.epochs, losses[-1])
             if cfg.eval_every_epoch or epoch + 1 == cfg.epochs:
                 # The last epoch's evaluation is the run's result (run() does not evaluate again).
+                t_eval = time.perf_counter()
                 self.last_dev = self.evaluate()
+                eval_seconds += time.perf_counter() - t_eval
                 history.epoch(epoch + 1, step, losses[-1], sched.get_last_lr()[0], self.last_dev)
                 self.model.train()
             if self.on_epoch_end is not None:
                 self.on_epoch_end(epoch + 1, losses[-1])
         bar.close()
         history.close()
-        return {"train_loss": losses[-1], "train_seconds": time.perf_counter() - t0, "train_steps": steps,
+        # train_seconds is training alone: the per-epoch dev evaluations are eval_seconds.
+        return {"train_loss": losses[-1], "train_seconds": time.perf_counter() - t0 - eval_seconds,
+                "eval_seconds": eval_seconds, "train_steps": steps,
                 "train_examples": len(self.data.train), **self.train_stats()}
 
     # -- evaluation ----------------------------------------------------------------------------------------
