@@ -36,7 +36,7 @@ test: install
 
 # Just the accuracy test (also part of `make test`): a real pretrained BERT fine-tuned on all of SST-2 on CPU.
 test-accuracy: install
-	$(BIN)/python -m pytest -q -s tests/downstream/test_sst2_minilm.py
+	$(BIN)/python -m pytest -q -s tests/launch/finetune/test_sst2_minilm.py
 
 demo: install
 	$(BIN)/bertpipe demo --out demo_out
