@@ -47,15 +47,8 @@ class _Logits(torch.nn.Module):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=sorted(peer.DATA), default="conll2003")
+    peer.add_recipe_arguments(parser)
     parser.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout of both models")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--max-train-samples", type=int, default=None)
-    parser.add_argument("--max-eval-samples", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-seq-len", type=int, default=128)
-    parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--eps", type=float, default=1e-8, help="AdamW epsilon of both")
     parser.add_argument("--order-seed", type=int, default=1, help="seed of the one batch order and the head draw")
     parser.add_argument("--every", type=int, default=12, help="print the losses every N steps")
@@ -109,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
             for loss, model, opt, sched in ((our_loss, ours, our_opt, our_sched),
                                             (their_loss, theirs, their_opt, their_sched)):
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                if args.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 opt.step(), sched.step(), opt.zero_grad()
             if step % args.every == 0 or step == steps - 1:
                 print(f"step {step:4d}  loss ours {our_loss.item():.4f}  theirs {their_loss.item():.4f}", flush=True)

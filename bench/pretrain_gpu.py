@@ -100,21 +100,15 @@ class Ours:
         host, *_ = self.trainer.run_step(self.batches)
         self.real_tokens += host[6]
 
-    def phases(self) -> tuple[float, float, float]:
-        """(forward, backward) per micro-batch and the optimizer step, each synchronised."""
+    def _loss(self, batch: dict) -> torch.Tensor:
         from launch.pretrain.fast_step import to_device
 
-        t = _Phases(self.engine.device)
-        for micro in range(self.accum):
-            batch, _ = next(self.batches)
-            with t("fwd"):
-                moved, layout = to_device(batch, self.engine.device)
-                loss, _ = self.trainer._forward(moved, layout)
-            with t("bwd"):
-                self.engine.backward(loss)
-            with t("opt"):
-                self.engine.step()
-        return t.per(self.accum)
+        moved, layout = to_device(batch, self.engine.device)
+        loss, _ = self.trainer._forward(moved, layout)
+        return loss
+
+    def phases(self) -> tuple[float, float, float]:
+        return timed_phases(self.engine, self.batches, self.accum, self._loss)
 
 
 class Transformers:
@@ -161,16 +155,22 @@ class Transformers:
         _ = float(self.engine.get_lr()[0])
 
     def phases(self) -> tuple[float, float, float]:
-        t = _Phases(self.device)
-        for _ in range(self.accum):
-            batch, _ = next(self.batches)
-            with t("fwd"):
-                loss = self._loss(batch)
-            with t("bwd"):
-                self.engine.backward(loss)
-            with t("opt"):
-                self.engine.step()
-        return t.per(self.accum)
+        return timed_phases(self.engine, self.batches, self.accum, self._loss)
+
+
+def timed_phases(engine, batches, accum: int, loss_of) -> tuple[float, float, float]:
+    """(forward, backward) per micro-batch and the optimizer step, each synchronised; one global batch
+    of either runner (`loss_of(batch)` is its forward, device copy included)."""
+    t = _Phases(engine.device)
+    for _ in range(accum):
+        batch, _ = next(batches)
+        with t("fwd"):
+            loss = loss_of(batch)
+        with t("bwd"):
+            engine.backward(loss)
+        with t("opt"):
+            engine.step()
+    return t.per(accum)
 
 
 class _Phases:
