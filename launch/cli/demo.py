@@ -127,10 +127,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _mlm_summary(run_dir: Path, corpus: Path) -> str:
     """The run's last held-out MLM accuracy beside the corpus's unigram level (what no context gives)."""
+    from launch.pretrain.training_log import read_metrics
     from pipeline.loader import unigram_mlm_accuracy
 
-    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    evals = [e for e in evals if "eval_mlm_accuracy" in e]
+    evals = [e for e in read_metrics(run_dir) if "eval_mlm_accuracy" in e]
     if not evals:
         return "pre-training: no held-out evaluation was logged"
     last, unigram = evals[-1], unigram_mlm_accuracy(corpus)
