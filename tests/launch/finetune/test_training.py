@@ -144,3 +144,25 @@ def test_squad_best_span_across_windows_and_max_answer_length(tokenizer):
     assert all(len(tokenizer.encode(e["text"], add_special_tokens=False).ids) <= 3 for e in nbest["q"])
     best, _ = squad.postprocess([ex], feats, *logits([(0, p0, p0 + 5, 20.0)]), n_best=20, max_answer_length=6)
     assert best["q"] == text(0, p0, p0 + 5)
+
+
+@pytest.mark.parametrize("task,data_dir", [("conll2003", "data"), ("sst2", "data/glue")])
+def test_unpad_runs_the_same_model_on_fewer_tokens(tiny_checkpoint, tmp_path, task, data_dir):
+    """`unpad` (the default) skips padding inside the encoder: the task model's outputs are those of
+    the padded run, for token tasks (per-position logits) and pooled ones ([CLS] gathered back)."""
+    from repo_paths import REPO
+
+    outputs = {}
+    for unpad in (True, False):
+        cfg = _cfg(tiny_checkpoint, tmp_path / str(unpad), 0)
+        cfg.task, cfg.data_dir, cfg.unpad, cfg.eval_batch_size = task, str(REPO / data_dir), unpad, 16
+        ft = Finetuner(cfg)
+        ft.prepare()
+        assert ft.model.bert.config.unpad is unpad
+        lengths = {len(f.input_ids) for f in ft.eval_feats[0]}
+        assert len(lengths) > 1  # the batches pad, so the two layouts differ
+        # token tasks: the real positions (padding predicts from zeros with unpad, unused either way)
+        outputs[unpad] = [row[: len(f.input_ids)] if task == "conll2003" else row
+                          for f, row in zip(ft.eval_feats[0], ft.predict(ft.eval_feats[0]))]
+    for a, b in zip(outputs[True], outputs[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
