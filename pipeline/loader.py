@@ -115,16 +115,6 @@ class ShardedSplit:
         return counts
 
 
-def unigram_mlm_accuracy(corpus: CorpusInfo | str | Path) -> float:
-    """Held-out masked-LM accuracy of always guessing the train split's most common target: the level a
-    model reaches without using context, what its held-out MLM accuracy should be compared with."""
-    corpus = corpus if isinstance(corpus, CorpusInfo) else open_corpus(corpus)
-    heldout = ShardedSplit(corpus, "heldout").masked_token_counts()
-    if not heldout.sum():
-        raise ValueError(f"{corpus.dir} has no held-out masked tokens; build it with --heldout-fraction > 0")
-    return float(heldout[int(ShardedSplit(corpus, "train").masked_token_counts().argmax())] / heldout.sum())
-
-
 def _block(batch: pa.RecordBatch, path: Path) -> _Block:
     missing = [c for c in (*_LIST_COLUMNS, "next_sentence_label") if c not in batch.schema.names]
     if missing:

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.loader import _PCG_INC, PretrainLoader, ShardedSplit, heldout_batches, unigram_mlm_accuracy
+from pipeline.loader import _PCG_INC, PretrainLoader, ShardedSplit, heldout_batches
 from pipeline.loader_order import EpochPermutation
 from pipeline.masking import MaskingVocab, derive_seed, mask_tokens
 
@@ -211,17 +211,6 @@ def test_dynamic_masking_batches_equal_per_sample_mask_tokens(tmp_path, settings
                 for key, value in want.items():
                     got = batch[key].numpy()
                     assert got.dtype == value.dtype and np.array_equal(got, value), (key, world, rank, after)
-
-
-def test_unigram_level_is_the_heldout_share_of_the_most_common_train_target(small_corpus, tmp_path):
-    targets = {split: np.concatenate([s["masked_lm_ids"] for s in ShardedSplit(small_corpus, split).samples(
-        np.arange(len(ShardedSplit(small_corpus, split))))]) for split in ("train", "heldout")}
-    common = np.bincount(targets["train"]).argmax()
-    level = unigram_mlm_accuracy(small_corpus)
-    assert level == pytest.approx(np.mean(targets["heldout"] == common)) and 0.01 < level < 0.2  # real text: "the", ","
-    assert ShardedSplit(small_corpus, "train").masked_token_counts().sum() == len(targets["train"])
-    with pytest.raises(ValueError, match="no held-out masked tokens; build it with --heldout-fraction > 0"):
-        unigram_mlm_accuracy(write_corpus(tmp_path / "no_heldout", {"train": [5]}))
 
 
 def test_heldout_batches_split_evenly_across_ranks(corpus):

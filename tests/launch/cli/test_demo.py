@@ -29,9 +29,10 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     assert (out / "loss.png").stat().st_size > 10_000
     results = json.loads((out / "sweep" / "results.json").read_text())
     assert sorted(t["point"].get("init") for t in results["trials"]) == ["checkpoint", "random"]
-    # What pre-training adds is printed: held-out MLM accuracy beside the unigram level, both SST-2 scores.
-    mlm = re.search(r"held-out MLM accuracy ([\d.]+)% after 20 steps; the unigram level .* is ([\d.]+)%", done.stdout)
-    assert mlm and 0 < float(mlm[2]) < 20, done.stdout[-2000:]
+    # What pre-training adds is printed: held-out MLM accuracy beside the no-context level, both SST-2 scores.
+    mlm = re.search(r"held-out MLM accuracy ([\d.]+)% after 20 steps; a model that uses no context scores ([\d.]+)% "
+                    r".*the commonest token alone: ([\d.]+)%", done.stdout)
+    assert mlm and 0 < float(mlm[3]) < float(mlm[2]) < 30, done.stdout[-2000:]
     assert re.search(r"SST-2 dev accuracy over 1 seed\(s\): pre-trained [\d.]+%, random init [\d.]+%; "
                      r"pre-training adds [+-][\d.]+ points", done.stdout), done.stdout[-2000:]
     # The inspect summary and the sweep's table both reach the user.
