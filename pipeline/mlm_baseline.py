@@ -4,7 +4,7 @@ BERT's masked-LM targets show one of three things at their own position (pipelin
 `[MASK]` (80%), a random token (10%) or the original token (10%), and the accuracy a run reports
 counts all three. A model that has learned nothing about context still sees its own position, so
 it scores on the kept 10% by copying what it sees, and on `[MASK]` by guessing the commonest
-target: about 10% + 0.9 x the unigram rate, far above the unigram rate alone. Comparing a run with
+target: about 10% + 0.8 x the unigram rate, far above the unigram rate alone. Comparing a run with
 the unigram rate (as this repo once did) calls a model that only copies "well above chance".
 """
 

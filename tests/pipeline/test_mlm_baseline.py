@@ -32,7 +32,7 @@ def test_no_context_level_counts_the_targets_bert_leaves_visible(small_corpus, t
     # Copying the visible token is right at the ~10% kept as they were (never at [MASK]) ...
     kept = ~masked & (shown == target)
     assert 0.05 < kept.mean() < 0.15
-    # ... so the no-context level sits near 10% + 0.9 x unigram, far above the unigram rate alone.
+    # ... so the no-context level sits near 10% + 0.8 x unigram, far above the unigram rate alone.
     assert level.no_context == pytest.approx(kept.mean() + np.mean(masked & (target == common)))
     assert level.no_context > level.unigram + 0.05
     assert ShardedSplit(small_corpus, "train").masked_token_counts().sum() == len(train)
