@@ -13,9 +13,11 @@ t-interval over seeds (paired by seed), training seconds and the speed ratio.
 --variant switches one candidate cause of a gap at a time (comma-separated to combine):
   ours-random         ours with --group-by-length false (plain shuffled batches)
   ours-grouped        ours with --group-by-length true
+  ours-eps8           ours with AdamW eps 1e-8 (transformers') instead of 1e-6
+  ours-trunc-init     ours' classifier drawn as before the fix: truncated normal(0, 0.02) at 2 std
   theirs-grouped      theirs with transformers' LengthGroupedSampler (Trainer's --group_by_length)
   theirs-our-batches  theirs with our LengthGroupedBatches
-  theirs-trunc-init   theirs' classifier re-initialised as ours (truncated normal at 2 std, bias 0)
+  theirs-trunc-init   theirs' classifier re-initialised truncated (normal at 2 std, bias 0), ours before the fix
   theirs-our-schedule theirs with our runner's lr_factor instead of get_linear_schedule_with_warmup
   theirs-eps          theirs' AdamW eps 1e-6 (ours) instead of 1e-8
 
@@ -37,13 +39,13 @@ from pathlib import Path
 import torch
 
 from launch.finetune.finetune_config import FinetuneConfig
-from launch.finetune.runner import _subset, finetune, lr_factor
+from launch.finetune.runner import Finetuner, _subset, finetune, lr_factor
 from launch.finetune.tasks import get_task
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = {"conll2003": REPO / "data", "sst2": REPO / "data" / "glue", "mrpc": REPO / "data" / "glue"}
 METRIC = {"conll2003": "f1", "sst2": "accuracy", "mrpc": "f1"}
-VARIANTS = ("ours-random", "ours-grouped", "ours-eps8", "theirs-grouped", "theirs-our-batches", "theirs-trunc-init",
+VARIANTS = ("ours-random", "ours-grouped", "ours-eps8", "ours-trunc-init", "theirs-grouped", "theirs-our-batches", "theirs-trunc-init",
             "theirs-our-schedule", "theirs-eps")
 
 
@@ -78,8 +80,22 @@ def run_ours(args, seed: int, variants: set[str]) -> Run:
             cfg.group_by_length = True
         if "ours-eps8" in variants:
             cfg.adam_epsilon = 1e-8  # transformers' default
-        result = finetune(cfg)
+        if "ours-trunc-init" in variants:
+            result = _TruncatedHeadFinetuner(cfg).run()
+        else:
+            result = finetune(cfg)
     return Run(100 * result[METRIC[args.task]], result["train_seconds"])
+
+
+class _TruncatedHeadFinetuner(Finetuner):
+    """Ours with the classifier drawn as before issue 16's fix: the encoder's truncated normal(0, 0.02) at 2 std."""
+
+    def load_model(self) -> None:
+        from model.bert import init_weights
+
+        super().load_model()
+        torch.manual_seed(self.cfg.seed)
+        init_weights(self.model.classifier, self.model.bert.config)
 
 
 # ---- theirs: the run_*_no_trainer.py recipe --------------------------------------------------------

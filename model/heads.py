@@ -11,8 +11,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from model.bert import BertModel, init_weights
+from model.bert import BertModel
 from model.config import BertConfig
+
+
+def init_head(linear: nn.Linear, config: BertConfig) -> None:
+    """A task head starts as transformers draws it (its `_init_weights`): normal(0, initializer_range), bias 0.
+
+    Not the encoder's truncated normal (cut at 2 std, so std 0.88x): on CoNLL-2003 NER after one
+    epoch, the truncated draw scored 5 entity-F1 points lower over 7 seeds with everything else
+    unchanged (docs/finetune.md, "Parity with transformers").
+    """
+    nn.init.normal_(linear.weight, mean=0.0, std=config.initializer_range)
+    nn.init.zeros_(linear.bias)
 
 
 @dataclass
@@ -33,7 +44,7 @@ class BertForSequenceClassification(nn.Module):
         self.bert = BertModel(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
-        init_weights(self.classifier, config)
+        init_head(self.classifier, config)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
         pooled = self.bert(input_ids, token_type_ids, attention_mask).pooled_output
@@ -48,7 +59,7 @@ class BertForQuestionAnswering(nn.Module):
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        init_weights(self.qa_outputs, config)
+        init_head(self.qa_outputs, config)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> SpanLogits:
         h_BLH = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state
@@ -68,7 +79,7 @@ class BertForTokenClassification(nn.Module):
         self.bert = BertModel(config, add_pooling_layer=False)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
-        init_weights(self.classifier, config)
+        init_head(self.classifier, config)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
         h_BLH = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state
@@ -84,7 +95,7 @@ class BertForMultipleChoice(nn.Module):
         self.bert = BertModel(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, 1)
-        init_weights(self.classifier, config)
+        init_head(self.classifier, config)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
         if input_ids.dim() != 3:

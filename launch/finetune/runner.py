@@ -139,9 +139,11 @@ class Finetuner:
         if cfg.init == "random":  # the baseline without pre-training: same shapes and vocabulary, fresh weights
             from model.bert import init_weights
 
+            # The encoder only: the task head is already a fresh draw, the same one the checkpoint's run
+            # of this seed gets, so the two runs differ in the encoder alone.
             torch.manual_seed(cfg.seed)
-            init_weights(model, model.bert.config)
-            logger.info("--init random: the checkpoint's weights are replaced by a fresh initialisation")
+            init_weights(model.bert, model.bert.config)
+            logger.info("--init random: the checkpoint's encoder weights are replaced by a fresh initialisation")
         if cfg.freeze:
             for p in model.bert.parameters():
                 p.requires_grad_(False)

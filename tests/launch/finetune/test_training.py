@@ -95,9 +95,12 @@ def test_init_random_keeps_architecture_and_vocab_but_not_the_weights(tiny_check
     assert torch.equal(loaded.bert.embeddings.word.weight, word)
     assert fresh.bert.embeddings.word.weight.shape == word.shape and len(fresh.state_dict()) == len(loaded.state_dict())
     for name, tensor in fresh.state_dict().items():
-        if name.endswith("weight") and tensor.dim() == 2:  # every matrix redrawn, reproducibly per seed
-            assert not torch.equal(tensor, loaded.state_dict()[name]), name
+        if name.startswith("bert.") and name.endswith("weight") and tensor.dim() == 2:  # every encoder matrix
+            assert not torch.equal(tensor, loaded.state_dict()[name]), name  # redrawn, reproducibly per seed
             assert torch.equal(tensor, again.state_dict()[name]) and not torch.equal(tensor, other.state_dict()[name]), name
+    # The head is the checkpoint run's own draw for that seed: the two runs differ in the encoder alone.
+    assert torch.equal(fresh.classifier.weight, loaded.classifier.weight)
+    assert not torch.equal(fresh.classifier.weight, other.classifier.weight)
     with pytest.raises(ValueError, match="--init random with --freeze"):
         replace(_cfg(tiny_checkpoint, tmp_path / "x", 1), init="random", freeze=True).validate()
 
@@ -144,6 +147,23 @@ def test_squad_best_span_across_windows_and_max_answer_length(tokenizer):
     assert all(len(tokenizer.encode(e["text"], add_special_tokens=False).ids) <= 3 for e in nbest["q"])
     best, _ = squad.postprocess([ex], feats, *logits([(0, p0, p0 + 5, 20.0)]), n_best=20, max_answer_length=6)
     assert best["q"] == text(0, p0, p0 + 5)
+
+
+def test_task_heads_start_as_transformers_draws_them():
+    """The cause of bertpipe's lower NER F1 against transformers (issue 16): task heads drawn from the
+    encoder's truncated normal (cut at 2 std) instead of transformers' plain normal(0, 0.02)."""
+    from model.config import BertConfig
+    from model.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
+                             BertForTokenClassification)
+
+    cfg = BertConfig(vocab_size=64, hidden_size=768, num_hidden_layers=1, num_attention_heads=12, intermediate_size=32)
+    torch.manual_seed(0)
+    heads = [BertForTokenClassification(cfg, 9).classifier, BertForSequenceClassification(cfg, 3).classifier,
+             BertForQuestionAnswering(cfg).qa_outputs, BertForMultipleChoice(cfg).classifier]
+    weights = torch.cat([h.weight.flatten() for h in heads])  # 11,520 draws
+    assert abs(weights.std().item() / 0.02 - 1) < 0.03  # plain normal; the truncated one has std 0.0176
+    assert (weights.abs() > 2 * 0.02).float().mean().item() > 0.03  # its tails (4.6%); truncation has none
+    assert all(torch.equal(h.bias, torch.zeros_like(h.bias)) for h in heads)
 
 
 @pytest.mark.parametrize("task,data_dir", [("conll2003", "data"), ("sst2", "data/glue")])
