@@ -19,8 +19,8 @@ def init_head(linear: nn.Linear, config: BertConfig) -> None:
     """A task head starts as transformers draws it (its `_init_weights`): normal(0, initializer_range), bias 0.
 
     Not the encoder's truncated normal (cut at 2 std, so std 0.88x): on CoNLL-2003 NER after one
-    epoch, the truncated draw scored 5 entity-F1 points lower over 7 seeds with everything else
-    unchanged (docs/finetune.md, "Parity with transformers").
+    epoch, the truncated draw averaged 34.9 entity F1 over 10 seeds, the plain normal one 38.0
+    (transformers 37.6), everything else unchanged (docs/finetune.md, "Parity with transformers").
     """
     nn.init.normal_(linear.weight, mean=0.0, std=config.initializer_range)
     nn.init.zeros_(linear.bias)
