@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from launch.finetune.runner import linear_schedule  # noqa: E402
+from launch.pretrain.schedule import build_scheduler  # noqa: E402
 from model.bert import BertForPreTraining  # noqa: E402
 from model.config import BertConfig  # noqa: E402
 from model.losses import pretraining_loss  # noqa: E402
@@ -100,8 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             weight[:, 0::2] = args.sinusoidal_positions * torch.sin(angle)
             weight[:, 1::2] = args.sinusoidal_positions * torch.cos(angle)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98), eps=1e-6)
-    warm = max(int(args.warmup * args.steps), 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warm, max(0.0, (args.steps - s) / max(args.steps - warm, 1))))
+    sched = build_scheduler(opt, linear_schedule(max(int(args.warmup * args.steps), 1), args.steps))
     static = Collator(corpus.manifest)
     dynamic = None
     if args.mask_rate is not None:
