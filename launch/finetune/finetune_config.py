@@ -40,7 +40,7 @@ class FinetuneConfig:
         last4-weighted / all-weighted), computed once per checkpoint, data, split and max_seq_len and
         cached in feature_cache.
       unpad: run the encoder on the batch's real tokens only (projections, FFN and LayerNorm skip the
-        padding; same maths). ~1.9x faster on NER's random batches, where padding is most of a batch.
+        padding; same maths). ~1.8-2x faster on NER's random batches, where padding is most of a batch.
       device: auto | cpu | cuda; precision: auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16.
       threads: torch CPU threads (None: leave as set by OMP_NUM_THREADS).
       save_model: write the fine-tuned model (HF format) to OUT/model; sweeps turn it off by default.
