@@ -41,7 +41,8 @@ def describe_run(run_dir: str | Path) -> str:
 
 def plot_loss(run_dir: str | Path, png_path: str | Path, title: str | None = None) -> Path:
     """Two panels: the training loss (smoothed, raw faint behind it) and, when the run evaluated,
-    held-out MLM and NSP accuracy on a 0-1 axis with NSP's chance level marked.
+    held-out MLM accuracy (all targets, and at [MASK] alone when logged) and NSP accuracy on a 0-1 axis
+    with NSP's chance level marked.
 
     title: what was trained on what (default: the model and steps from RUN/config.yaml).
     """
@@ -68,6 +69,9 @@ def plot_loss(run_dir: str | Path, png_path: str | Path, title: str | None = Non
         eval_steps = [r["step"] for r in evals]
         acc.plot(eval_steps, [r["eval_mlm_accuracy"] for r in evals], "o-", color="tab:orange",
                  label="held-out MLM accuracy")
+        if all(r.get("eval_mlm_accuracy_at_mask") is not None for r in evals):
+            acc.plot(eval_steps, [r["eval_mlm_accuracy_at_mask"] for r in evals], "^-", color="tab:red",
+                     label="held-out MLM accuracy at [MASK] (context only)")
         if all(r.get("eval_nsp_accuracy") is not None for r in evals):
             acc.plot(eval_steps, [r["eval_nsp_accuracy"] for r in evals], "s-", color="tab:green",
                      label="held-out NSP accuracy")

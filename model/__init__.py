@@ -22,7 +22,7 @@ from model.heads import (
     SpanLogits,
 )
 from model.hf import LoadReport, load_pretrained, save_pretrained
-from model.losses import masked_lm_loss, pretraining_loss
+from model.losses import masked_lm_loss, mlm_counts_at_mask, pretraining_loss
 
 __all__ = [
     "BertConfig",
@@ -42,5 +42,6 @@ __all__ = [
     "apply_activation_checkpointing",
     "compile_fast_paths",
     "masked_lm_loss",
+    "mlm_counts_at_mask",
     "pretraining_loss",
 ]

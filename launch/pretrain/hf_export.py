@@ -138,6 +138,7 @@ def _model_card(run_dir: Path, tag: str, meta: dict[str, Any]) -> str:
     rows = [("loss", last.get("loss")), ("MLM accuracy (train batch)", last.get("mlm_accuracy")),
             ("NSP accuracy (train batch)", last.get("nsp_accuracy")),
             ("held-out MLM accuracy", last_eval.get("eval_mlm_accuracy")),
+            ("held-out MLM accuracy at [MASK]", last_eval.get("eval_mlm_accuracy_at_mask")),
             ("held-out NSP accuracy", last_eval.get("eval_nsp_accuracy"))]
     table = "\n".join(f"| {name} | {fmt(v)} |" for name, v in rows if v is not None)
     return f"""---

@@ -114,7 +114,9 @@ class MetricsWriter:
             self._bar.update(step - self._bar.n)
             self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record.get('lr', 0):.2e}")
         else:
-            extra = f" eval_mlm_acc {record['eval_mlm_accuracy']:.4f}" if "eval_mlm_accuracy" in record else ""
+            extra = "".join(f" {name} {record[key]:.4f}" for key, name in
+                            (("eval_mlm_accuracy", "eval_mlm_acc"), ("eval_mlm_accuracy_at_mask", "at_[MASK]"))
+                            if key in record)
             log.info("step %d loss %.4f mlm_acc %.4f nsp_acc %.4f lr %.3e %.1f seq/s eta %.0fs%s", step,
                      record["loss"], record.get("mlm_accuracy", float("nan")), record.get("nsp_accuracy", float("nan")),
                      record.get("lr", float("nan")), record.get("sequences_per_s", 0.0), record.get("eta_s", 0.0), extra)
