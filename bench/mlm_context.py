@@ -36,15 +36,19 @@ from pipeline.loader import Collator, ShardedSplit  # noqa: E402
 from pipeline.masking import MaskingVocab  # noqa: E402
 
 
-def peer_levels(train: ShardedSplit, held: list[dict], mask_id: int) -> tuple[float, float]:
-    """(commonest target, count bigram from the previous token) accuracy at held-out [MASK] targets."""
+def peer_levels(train: ShardedSplit, held: list[dict], mask_id: int) -> tuple[float, float, float]:
+    """(commonest target, count bigram from the previous token) accuracy at held-out [MASK] targets, and
+    the cross-entropy there of the train targets' frequencies (add-one): what no context scores in nats."""
     bigram: dict[int, Counter] = defaultdict(Counter)
     for s in train.samples(np.arange(len(train))):
         x = np.array(s["input_ids"])
         x[s["masked_lm_positions"]] = s["masked_lm_ids"]  # the original text
         for a, b in zip(x[:-1].tolist(), x[1:].tolist()):
             bigram[a][b] += 1
-    common = int(train.masked_token_counts().argmax())
+    counts = train.masked_token_counts()
+    common = int(counts.argmax())
+    unigram_nll = -np.log((counts + 1) / (counts + 1).sum())
+    nll = 0.0
     best = {a: c.most_common(1)[0][0] for a, c in bigram.items()}
     hits_common = hits_bigram = total = 0
     for s in held:
@@ -53,8 +57,26 @@ def peer_levels(train: ShardedSplit, held: list[dict], mask_id: int) -> tuple[fl
             if x[p] == mask_id:
                 total += 1
                 hits_common += int(y == common)
+                nll += float(unigram_nll[y])
                 hits_bigram += int(best.get(int(x[p - 1]), -1) == y)
-    return hits_common / total, hits_bigram / total
+    return hits_common / total, hits_bigram / total, nll / total
+
+
+def bias_attention_to_neighbours(slope: float) -> None:
+    """Make the padded attention of model.bert add -slope / 2**h * |i - j| to head h's scores (ALiBi, Press
+    et al. 2022): not BERT, a diagnostic that hands the model the local attention it otherwise learns."""
+    import model.bert as bert
+
+    padded = bert.padded_attention
+
+    def biased(qkv, mask_B11L, num_heads, impl, dropout_p, training):
+        pos = torch.arange(qkv.shape[1])
+        slopes = slope / 2 ** torch.arange(num_heads, dtype=torch.float32)
+        bias_1NLL = -(slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs())[None]
+        return padded(qkv, bias_1NLL if mask_B11L is None else mask_B11L + bias_1NLL, num_heads, impl, dropout_p,
+                      training)
+
+    bert.padded_attention = biased
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,6 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-nsp", action="store_true", help="train on the MLM loss alone")
     parser.add_argument("--sinusoidal-positions", type=float, default=None, metavar="AMP",
                         help="start the position embeddings as sinusoids of this amplitude")
+    parser.add_argument("--init-range", type=float, default=0.02,
+                        help="std of the initial weights (BERT's 0.02 suits width 768; fan-in init at width 64 is ~0.125)")
+    parser.add_argument("--local-bias", type=float, default=None, metavar="SLOPE",
+                        help="diagnostic: add ALiBi's -SLOPE*|i-j| (halved per head) to the attention scores, so "
+                             "attention starts local instead of having to learn it from the positions")
     parser.add_argument("--eval-every", type=int, default=None, help="default: steps / 6")
     parser.add_argument("--heldout", type=int, default=512, help="held-out instances scored")
     parser.add_argument("--seed", type=int, default=0)
@@ -86,15 +113,19 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.corpus} has no held-out split; build it with --heldout-fraction > 0")
     held = heldout.samples(held_ids)
     t0 = time.perf_counter()
-    common, bigram = peer_levels(train, held, mask_id)
+    common, bigram, unigram_nll = peer_levels(train, held, mask_id)
     print(f"peers at held-out [MASK] targets ({time.perf_counter() - t0:.1f} s): commonest token {100 * common:.1f}%, "
-          f"count bigram from the previous token {100 * bigram:.1f}%", flush=True)
+          f"count bigram from the previous token {100 * bigram:.1f}%; token frequencies alone: loss {unigram_nll:.3f}",
+          flush=True)
 
     cfg = BertConfig(vocab_size=corpus.vocab.size, hidden_size=args.hidden, num_hidden_layers=args.layers,
                      num_attention_heads=args.heads, intermediate_size=4 * args.hidden,
                      max_position_embeddings=max(128, int(corpus.manifest["seq_len"])),
-                     hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+                     hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
+                     initializer_range=args.init_range)
     model = BertForPreTraining(cfg)
+    if args.local_bias is not None:
+        bias_attention_to_neighbours(args.local_bias)
     if args.sinusoidal_positions is not None:
         weight = model.bert.embeddings.position.weight
         angle = torch.arange(weight.shape[0])[:, None] / 10000 ** (torch.arange(0, weight.shape[1], 2) / weight.shape[1])
@@ -113,13 +144,15 @@ def main(argv: list[str] | None = None) -> None:
     shown = torch.gather(eval_batch["input_ids"], 1, eval_batch["masked_lm_positions"])
     at_mask = (eval_batch["masked_lm_ids"] != -100) & (shown == mask_id)
 
-    def accuracy_at_mask() -> float:
+    def scores_at_mask() -> tuple[float, float]:
+        """(accuracy, cross-entropy) at the held-out targets that show [MASK]."""
         model.eval()
         with torch.no_grad():
             out = model(eval_batch["input_ids"], eval_batch["token_type_ids"], eval_batch["attention_mask"],
                         eval_batch["masked_lm_positions"])
         model.train()
-        return float((out.mlm_logits.argmax(-1) == eval_batch["masked_lm_ids"])[at_mask].float().mean())
+        logits, labels = out.mlm_logits[at_mask], eval_batch["masked_lm_ids"][at_mask]
+        return float((logits.argmax(-1) == labels).float().mean()), float(F.cross_entropy(logits, labels))
 
     rng = np.random.default_rng(args.seed)
     every = args.eval_every or max(args.steps // 6, 1)
@@ -143,9 +176,9 @@ def main(argv: list[str] | None = None) -> None:
         sched.step()
         opt.zero_grad()
         if (step + 1) % every == 0 or step + 1 == args.steps:
-            acc = accuracy_at_mask()
-            print(f"step {step + 1:6d}  loss {loss.item():.3f}  held-out accuracy at [MASK] {100 * acc:5.1f}%  "
-                  f"ours / bigram {acc / bigram:.2f}x  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            acc, nll = scores_at_mask()
+            print(f"step {step + 1:6d}  loss {loss.item():.3f}  held-out at [MASK]: accuracy {100 * acc:5.1f}%, "
+                  f"loss {nll:.3f}  ours / bigram {acc / bigram:.2f}x  ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

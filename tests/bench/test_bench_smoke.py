@@ -64,14 +64,19 @@ def test_our_finetuning_step_equals_transformers_in_lockstep():
 
 
 def test_mlm_context_bench_scores_mask_targets_against_its_peers(small_corpus):
-    """bench/mlm_context.py: the two peer levels from the corpus and our accuracy at [MASK] with the
-    ratio (the script, not a verdict: a few steps learn nothing)."""
-    out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "mlm_context.py"), "--corpus", str(small_corpus), "--steps", "4",
-         "--batch-size", "8", "--heldout", "64"],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    peers = re.search(r"commonest token ([\d.]+)%, count bigram from the previous token ([\d.]+)%", out.stdout)
-    assert peers and 0 < float(peers[1]) < float(peers[2]) < 100, out.stdout  # real text: context helps
-    assert re.search(r"step +4 .*held-out accuracy at \[MASK\] +[\d.]+% +ours / bigram [\d.]+x", out.stdout), out.stdout
+    """bench/mlm_context.py: the peer levels from the corpus and our accuracy and loss at [MASK] with the
+    ratio (the script, not a verdict: a few steps learn nothing); the second run with the local-attention
+    diagnostic and another init scale."""
+    for extra in ([], ["--local-bias", "1", "--init-range", "0.05"]):
+        out = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "mlm_context.py"), "--corpus", str(small_corpus), "--steps", "4",
+             "--batch-size", "8", "--heldout", "64", *extra],
+            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        peers = re.search(r"commonest token ([\d.]+)%, count bigram from the previous token ([\d.]+)%; "
+                          r"token frequencies alone: loss ([\d.]+)", out.stdout)
+        assert peers and 0 < float(peers[1]) < float(peers[2]) < 100, out.stdout  # real text: context helps
+        assert float(peers[3]) > 0, out.stdout
+        assert re.search(r"step +4 .*held-out at \[MASK\]: accuracy +[\d.]+%, loss [\d.]+ +ours / bigram [\d.]+x",
+                         out.stdout), out.stdout
