@@ -135,10 +135,13 @@ def _mlm_summary(run_dir: Path, corpus: Path) -> str:
     if not evals:
         return "pre-training: no held-out evaluation was logged"
     last, level = evals[-1], no_context_mlm_accuracy(corpus)
+    at_mask = last.get("eval_mlm_accuracy_at_mask")
     return (f"pre-training: held-out MLM accuracy {100 * last['eval_mlm_accuracy']:.1f}% after {last['step']} steps; "
             f"a model that uses no context scores {100 * level.no_context:.1f}% (the commonest token where "
             f"[MASK] shows, the visible token at the {100 * (1 - level.masked_share):.0f}% of targets BERT leaves "
-            f"visible; the commonest token alone: {100 * level.unigram:.1f}%)")
+            f"visible; the commonest token alone: {100 * level.unigram:.1f}%)"
+            + ("" if at_mask is None else f"\npre-training: where [MASK] shows, only context can help: "
+               f"{100 * at_mask:.1f}% right, against {100 * level.unigram:.1f}% for always the commonest token"))
 
 
 def init_comparison(trials: list[dict]) -> str:

@@ -33,6 +33,8 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     mlm = re.search(r"held-out MLM accuracy ([\d.]+)% after 20 steps; a model that uses no context scores ([\d.]+)% "
                     r".*the commonest token alone: ([\d.]+)%", done.stdout)
     assert mlm and 0 < float(mlm[3]) < float(mlm[2]) < 30, done.stdout[-2000:]
+    at_mask = re.search(r"where \[MASK\] shows, only context can help: ([\d.]+)% right, against ([\d.]+)%", done.stdout)
+    assert at_mask and float(at_mask[2]) == float(mlm[3]) and 0 <= float(at_mask[1]) < 30, done.stdout[-2000:]
     assert re.search(r"SST-2 dev accuracy over 1 seed\(s\): pre-trained [\d.]+%, random init [\d.]+%; "
                      r"pre-training adds [+-][\d.]+ points", done.stdout), done.stdout[-2000:]
     # The inspect summary and the sweep's table both reach the user.
