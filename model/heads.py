@@ -20,7 +20,8 @@ def init_head(linear: nn.Linear, config: BertConfig) -> None:
 
     Not the encoder's truncated normal (cut at 2 std, so std 0.88x): on CoNLL-2003 NER after one
     epoch, the truncated draw averaged 34.9 entity F1 over 10 seeds, the plain normal one 38.0
-    (transformers 37.6), everything else unchanged (docs/finetune.md, "Parity with transformers").
+    (transformers 37.6), everything else unchanged; as built by default, over 20 seeds: 36.9 against
+    37.6, within one standard error (docs/finetune.md, "Parity with transformers").
     """
     nn.init.normal_(linear.weight, mean=0.0, std=config.initializer_range)
     nn.init.zeros_(linear.bias)
