@@ -104,7 +104,7 @@ class Ours:
         from launch.pretrain.fast_step import to_device
 
         moved, layout = to_device(batch, self.engine.device)
-        loss, _ = self.trainer._forward(moved, layout)
+        loss, _, _ = self.trainer._forward(moved, layout)
         return loss
 
     def phases(self) -> tuple[float, float, float]:

@@ -275,19 +275,19 @@ class Trainer:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop_signal = signum
 
-    def _forward(self, batch: dict[str, torch.Tensor], layout: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss and [mlm_correct, mlm_total, nsp_correct, nsp_total] for one micro-batch."""
+    def _forward(self, batch: dict[str, torch.Tensor], layout: Any = None) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Loss, [mlm_correct, mlm_total, nsp_correct, nsp_total] and the model's outputs for one micro-batch."""
         from model import pretraining_loss
 
         out = self.engine(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                           batch["masked_lm_positions"], layout=layout)
-        return pretraining_loss(out.mlm_logits, out.nsp_logits, batch["masked_lm_ids"], batch["next_sentence_label"])
+        return *pretraining_loss(out.mlm_logits, out.nsp_logits, batch["masked_lm_ids"], batch["next_sentence_label"]), out
 
     def _micro_step(self, batch: dict[str, Any], stats: torch.Tensor, nonfinite: torch.Tensor) -> None:
         """Forward and backward of one loader batch; its statistics go into `stats` and a 1 into
         `nonfinite` if its loss is not finite. All on the device: no host sync (a test counts them)."""
         batch, layout = to_device(batch, self.device)
-        loss, counts = self._forward(batch, layout)
+        loss, counts, _ = self._forward(batch, layout)
         nonfinite.add_(~torch.isfinite(loss))
         self.engine.backward(loss)
         stats[0] += loss.detach().double()
@@ -407,7 +407,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """Held-out MLM accuracy (MLPerf BERT's 72.0% target), NSP accuracy, and MLM accuracy at [MASK] only."""
-        from model import mlm_counts_at_mask, pretraining_loss
+        from model import mlm_counts_at_mask
 
         if len(self.heldout) < self.world:
             if self.rank == 0:
@@ -419,9 +419,7 @@ class Trainer:
                                      micro_batch_size=self.cfg.data.micro_batch_size, rank=self.rank,
                                      world_size=self.world):
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            out = self.engine(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                              batch["masked_lm_positions"])
-            _, c = pretraining_loss(out.mlm_logits, out.nsp_logits, batch["masked_lm_ids"], batch["next_sentence_label"])
+            _, c, out = self._forward(batch)
             counts[:4] += c
             counts[4:] += mlm_counts_at_mask(out.mlm_logits, batch["masked_lm_ids"], batch["input_ids"],
                                              batch["masked_lm_positions"], self.mask_id)
