@@ -30,7 +30,7 @@ from launch.finetune.runner import linear_schedule  # noqa: E402
 from launch.pretrain.schedule import build_scheduler  # noqa: E402
 from model.bert import BertForPreTraining  # noqa: E402
 from model.config import BertConfig  # noqa: E402
-from model.losses import pretraining_loss  # noqa: E402
+from model.losses import pretraining_loss, targets_showing_mask  # noqa: E402
 from pipeline.corpus_info import open_corpus  # noqa: E402
 from pipeline.loader import Collator, ShardedSplit  # noqa: E402
 from pipeline.masking import MaskingVocab  # noqa: E402
@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         dynamic.masked_lm_prob = args.mask_rate
         dynamic.max_predictions = math.ceil(args.mask_rate * int(corpus.manifest["seq_len"]))
     eval_batch = static(held, held_ids)
-    shown = torch.gather(eval_batch["input_ids"], 1, eval_batch["masked_lm_positions"])
-    at_mask = (eval_batch["masked_lm_ids"] != -100) & (shown == mask_id)
+    at_mask = targets_showing_mask(eval_batch["masked_lm_ids"], eval_batch["input_ids"],
+                                   eval_batch["masked_lm_positions"], mask_id)
 
     def scores_at_mask() -> tuple[float, float]:
         """(accuracy, cross-entropy) at the held-out targets that show [MASK]."""

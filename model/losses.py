@@ -77,6 +77,13 @@ def pretraining_loss(mlm_logits_BPV: torch.Tensor, nsp_logits_B2: torch.Tensor, 
     return loss, counts
 
 
+def targets_showing_mask(masked_lm_ids_BP: torch.Tensor, input_ids_BL: torch.Tensor,
+                         masked_lm_positions_BP: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """[B, P] bool: the prediction slots that are real targets and whose input shows [MASK]."""
+    shown_BP = torch.gather(input_ids_BL, 1, masked_lm_positions_BP)
+    return (masked_lm_ids_BP != IGNORE) & (shown_BP == mask_id)
+
+
 def mlm_counts_at_mask(mlm_logits_BPV: torch.Tensor, masked_lm_ids_BP: torch.Tensor, input_ids_BL: torch.Tensor,
                        masked_lm_positions_BP: torch.Tensor, mask_id: int) -> torch.Tensor:
     """[correct, total] (float64) over the targets whose input shows [MASK].
@@ -85,7 +92,6 @@ def mlm_counts_at_mask(mlm_logits_BPV: torch.Tensor, masked_lm_ids_BP: torch.Ten
     targets counts them, so a model that copies what it sees scores well above the unigram level
     without using any context (pipeline/mlm_baseline.py). At [MASK] only context can help: this is the
     accuracy that shows whether pre-training learned any."""
-    shown_BP = torch.gather(input_ids_BL, 1, masked_lm_positions_BP)
-    at_mask_BP = (masked_lm_ids_BP != IGNORE) & (shown_BP == mask_id)
+    at_mask_BP = targets_showing_mask(masked_lm_ids_BP, input_ids_BL, masked_lm_positions_BP, mask_id)
     correct = ((mlm_logits_BPV.argmax(-1) == masked_lm_ids_BP) & at_mask_BP).sum()
     return torch.stack([correct, at_mask_BP.sum()]).double()
