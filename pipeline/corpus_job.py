@@ -31,6 +31,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
+from pipeline.readers import FORMATS as INPUT_FORMATS
 from pipeline.progress import ProgressReporter, local_progress_dir
 from pipeline.shards import WriteShards
 from pipeline.sources import DEAD_LETTER, ReadDocuments, expand_inputs
@@ -92,6 +93,7 @@ class CorpusConfig:
             (self.num_shards >= 0, "--num-shards must be 0 (auto) or more"),
             (self.instances_per_shard >= 1, "--instances-per-shard must be at least 1"),
             (self.docs_per_bucket >= 2, "--docs-per-bucket must be at least 2"),
+            (self.input_format in INPUT_FORMATS, f"--format {self.input_format!r} is not one of {' | '.join(INPUT_FORMATS)}"),
             (self.shard_format in ("arrow", "parquet"), "--shard-format must be arrow or parquet"),
             (self.max_document_bytes >= 1024, "--max-document-bytes must be at least 1024"),
             (self.progress_seconds >= 0, "--progress-seconds must be 0 (off) or more"),
