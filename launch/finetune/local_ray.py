@@ -35,6 +35,11 @@ from typing import Iterator
 logger = logging.getLogger(__name__)
 
 OWNER_ENV = "BERTPIPE_RAY_OWNER"
+# Ray's metrics export stays off in the local Ray: a sweep on one machine reads no Ray metrics (nor a
+# dashboard), and that export once killed a sweep's driver with a SIGSEGV in its OpenTelemetry reader
+# thread (`TemporalMetricStorage::buildMetrics`, Ray 2.60) a second after `ray.init`. With both off, no
+# Ray process starts the metric recorder or its exporter thread.
+NO_METRICS = {"enable_metrics_collection": False, "enable_open_telemetry": False}
 MARKER = ".bertpipe-ray-temp"
 POLL_S = 0.5  # how often the watchdog looks at the driver's process tree
 
@@ -158,7 +163,7 @@ class LocalRay:
         os.environ[OWNER_ENV] = self.token
         try:
             ray.init(num_cpus=num_cpus, _temp_dir=str(self.temp_dir), include_dashboard=False,
-                     logging_level="WARNING")
+                     logging_level="WARNING", _system_config=NO_METRICS)
         except BaseException:
             self.stop()
             raise

@@ -196,7 +196,8 @@ def test_only_a_ray_temp_dir_bertpipe_created_is_removed(tmp_path):
 @pytest.mark.slow
 def test_local_ray_in_process_cleans_up_only_its_own_processes(ray_temp):
     """`ray_session` inside a longer-lived process (a notebook, this test): on a normal end its Ray's
-    processes and temp dir are gone, and a child the process had started before is left alone."""
+    processes and temp dir are gone, and a child the process had started before is left alone; its
+    Ray exports no metrics."""
     import ray
 
     from launch.finetune.local_ray import ray_session
@@ -207,6 +208,9 @@ def test_local_ray_in_process_cleans_up_only_its_own_processes(ray_temp):
         with ray_session(num_cpus=1, temp_dir=str(ray_temp)):
             assert ray.get(ray.remote(lambda: 1 + 1).remote()) == 2
             assert (ray_temp / MARKER).is_file()
+            # Ray's metrics export is off in the driver too (its exporter thread once crashed a sweep).
+            driver_logs = list((ray_temp / "session_latest" / "logs").glob("python-core-driver-*.log"))
+            assert driver_logs and all("Disabled stats" in p.read_text() for p in driver_logs)
             ray_procs = {pid: start for pid, start in _tree(os.getpid()).items() if pid != bystander.pid}
         assert len(ray_procs) >= 4 and not ray.is_initialized()
         deadline = time.monotonic() + 10
