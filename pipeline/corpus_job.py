@@ -154,13 +154,16 @@ def _counters(result) -> dict[str, int]:
     return dict(sorted(totals.items()))
 
 
-def _clear_previous_output(out: str) -> None:
+def _clear_previous_output(out: str, vocab_source: str | None) -> None:
     """Remove an earlier corpus's files from `out` (a rerun with fewer shards must not leave stale ones),
-    but only where bertpipe provably wrote them: `out` holds our manifest or our unfinished-job folder."""
+    but only where bertpipe provably wrote them: `out` holds our manifest or our unfinished-job folder.
+    Anything else under a name the corpus writes (a vocab.txt of the user's) is refused, not overwritten."""
     if "://" in out or not os.path.isdir(out):
         return
-    names = [n for n in os.listdir(out)
-             if n.endswith((".arrow", ".parquet")) and "-of-" in n or n in ("manifest.json", TMP, "dead_letter")]
+    names = [n for n in os.listdir(out) if n.endswith((".arrow", ".parquet")) and "-of-" in n
+             or n in ("manifest.json", TMP, "dead_letter", "vocab.txt")]
+    if vocab_source and "vocab.txt" in names and _same_file(os.path.join(out, "vocab.txt"), vocab_source):
+        names.remove("vocab.txt")  # `--vocab OUT/vocab.txt`: written back unchanged
     if not names:
         return
     if not (os.path.isdir(os.path.join(out, TMP)) or _is_our_manifest(os.path.join(out, "manifest.json"))):
@@ -169,6 +172,13 @@ def _clear_previous_output(out: str) -> None:
     for name in names:
         path = os.path.join(out, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # b is remote or gone
+        return False
 
 
 def _is_our_manifest(path: str) -> bool:
@@ -264,7 +274,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
             raise ValueError(f"vocab {config.vocab} is not UTF-8 text ({err}); pass a BERT vocab.txt") from None
         _vocab_ids(vocab_text, config.vocab)
     out = config.out.rstrip("/")
-    _clear_previous_output(out)
+    _clear_previous_output(out, config.vocab)
     if not FileSystems.exists(out):
         FileSystems.mkdirs(out)
     tmp = FileSystems.join(out, TMP)

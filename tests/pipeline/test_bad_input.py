@@ -224,3 +224,22 @@ def test_corpus_never_deletes_files_it_did_not_write(tmp_path, data_dir, capsys)
     assert "which bertpipe did not write" in err
     assert (out / "manifest.json").read_text() == '{"format": "someone-else"}'
     assert (out / "train-00000-of-00002.arrow").read_bytes() == b"their data"
+
+
+def test_corpus_never_overwrites_a_vocab_txt_it_did_not_write(tmp_path, data_dir, capsys):
+    """--out holding the user's own vocab.txt and no bertpipe corpus: refused, the file kept; as the
+    --vocab itself it is read and written back unchanged."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "vocab.txt").write_text("my notes, not a vocabulary\n")
+    err = _fails(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--train-vocab-size", "500",
+                  "--out", str(out)], capsys)
+    assert "holds vocab.txt, which bertpipe did not write" in err
+    assert (out / "vocab.txt").read_text() == "my notes, not a vocabulary\n"
+    assert sorted(p.name for p in out.iterdir()) == ["vocab.txt"]
+
+    bert_vocab = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_bytes()
+    (out / "vocab.txt").write_bytes(bert_vocab)
+    assert cli.main(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--vocab", str(out / "vocab.txt"),
+                     "--out", str(out), "--seq-len", "64", "--dupe-factor", "1", "--progress-seconds", "0"]) == 0
+    assert (out / "vocab.txt").read_bytes() == bert_vocab and (out / "manifest.json").is_file()
