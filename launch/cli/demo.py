@@ -11,7 +11,8 @@ Steps (each is the real subcommand, called in-process with the same flags a user
                architecture from random initialisation (`--init random`), --seeds each; both and the
                difference are printed
 
-Everything lands under --out (default demo_out/). Re-running reuses finished steps unless --fresh.
+Everything lands under --out (default demo_out/): a new or empty folder, or an earlier demo's, whose
+finished steps are reused unless --fresh (which deletes only what the demo wrote).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fine-tuning seeds for the pre-trained and the random-init model each (default: 3)")
     parser.add_argument("--nproc", type=int, default=2, help="local DeepSpeed processes (default: 2)")
     parser.add_argument("--skip-sweep", action="store_true", help="stop after export (no Ray sweep)")
-    parser.add_argument("--fresh", action="store_true", help="delete --out first instead of reusing finished steps")
+    parser.add_argument("--fresh", action="store_true", help="delete what an earlier demo wrote in --out first instead of reusing its finished steps")
 
 
 # What the demo writes into --out: `--fresh` deletes these and nothing else, and only where the marker
@@ -49,11 +50,19 @@ MARKER = ".bertpipe-demo"
 WRITTEN = ("corpus", "run", "hf_model", "sweep", "loss.png", "demo_grid.yaml", MARKER)
 
 
+def _check_out(out: Path) -> None:
+    """The demo writes only into a new or empty folder or an earlier demo's (reused, or with --fresh
+    cleared): never over files of the user's that happen to share a name with its outputs."""
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out} is a file; pass a folder for the demo's output")
+    if out.is_dir() and not (out / MARKER).is_file() and any(out.iterdir()):
+        raise CliError(f"--out {out} is not empty and was not written by `bertpipe demo` (no {MARKER}); "
+                       "choose a new or empty --out")
+
+
 def _clear_previous_demo(out: Path) -> None:
+    """--fresh: delete what an earlier demo wrote into `out` (its marker proves it), nothing else."""
     if not (out / MARKER).is_file():
-        if any(out.iterdir()):
-            raise CliError(f"--out {out} is not empty and was not written by `bertpipe demo` (no {MARKER}); "
-                           "--fresh deletes only a demo's own output: choose another --out")
         return
     for name in WRITTEN:
         path = out / name
@@ -77,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if not DATA.is_dir():
         raise CliError(f"bundled data not found at {DATA}; run the demo from a checkout of the repository")
     out: Path = args.out
+    _check_out(out)
     corpus, run_dir, hf_dir, sweep_dir = out / "corpus", out / "run", out / "hf_model", out / "sweep"
     if args.fresh and out.exists():
         _clear_previous_demo(out)

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from launch import cli
 from launch.cli.demo import MARKER, _clear_previous_demo
-from launch.errors import CliError
 
 
-def test_fresh_refuses_a_folder_the_demo_did_not_write(tmp_path):
-    (tmp_path / "thesis.tex").write_text("mine")
-    with pytest.raises(CliError, match="was not written by `bertpipe demo`"):
-        _clear_previous_demo(tmp_path)
-    assert (tmp_path / "thesis.tex").read_text() == "mine"
+@pytest.mark.parametrize("fresh", [[], ["--fresh"]])
+def test_the_demo_refuses_a_folder_it_did_not_write_or_a_file(tmp_path, capsys, fresh):
+    (tmp_path / "loss.png").write_text("my own plot")  # a name the demo writes
+    with pytest.raises(SystemExit) as err:
+        cli.main(["demo", "--out", str(tmp_path)] + fresh)
+    assert err.value.code == 2 and "was not written by `bertpipe demo`" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["loss.png"] and (tmp_path / "loss.png").read_text() == "my own plot"
+    with pytest.raises(SystemExit) as err:
+        cli.main(["demo", "--out", str(tmp_path / "loss.png")])
+    assert err.value.code == 2 and "is a file; pass a folder" in capsys.readouterr().err
 
 
 def test_fresh_deletes_the_demo_outputs_and_keeps_the_rest(tmp_path):
