@@ -265,9 +265,9 @@ class Finetuner:
     # -- the run -------------------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        self.prepare()  # every check first: a refused run leaves no config.yaml behind
         self.out.mkdir(parents=True, exist_ok=True)
         save_config(self.cfg, self.out / "config.yaml")
-        self.prepare()
         train_stats = self.train()
         dev = self.last_dev if self.last_dev is not None else self.evaluate()
         result = {"task": self.task.name, "metric": self.task.metric, "score": dev.get(self.task.metric),

@@ -176,6 +176,7 @@ def test_refuses_a_directory_without_bert(tmp_path, capsys):
     err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tmp_path), "--out",
                   str(tmp_path / "o")], capsys)
     assert "holds no BERT" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()  # refused before anything is written: no folder, no config.yaml
 
 
 def test_refuses_a_vocab_that_does_not_match(tiny_checkpoint, tmp_path, capsys):
