@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 META = "bertpipe.json"  # our metadata in each checkpoint folder
+RUN_MARKER = ".bertpipe-run"  # in a run directory `pretrain` made: it may rewrite RUN_FILES there
+RUN_FILES = ("config.yaml", "ds_config.json", "vocab.txt", "metrics.jsonl", "tensorboard", "checkpoints")
 EXPORT_MARKER = "bertpipe_export.json"  # in an export: proves bertpipe wrote it, from which run, which files
 _TAG = re.compile(r"^global_step(\d+)$")
 

@@ -1,4 +1,5 @@
-"""One writer per output directory: an exclusive lock file holding the writer's pid and host.
+"""One writer per output directory: an exclusive lock file holding the writer's pid and host; and
+never a write over a file in it that bertpipe did not write (`refuse_others_files`, `mark_output`).
 
 `corpus`, `pretrain`, `finetune` and `sweep` hold `OUT/.bertpipe.lock` while they write `OUT`. A second
 command on the same `OUT` is refused with a message naming the holder. A lock left by a process that
@@ -17,6 +18,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Iterable
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +119,22 @@ class OutputLock:
         hint = ("wait for it to finish or use another --out" if holder.get("host") == socket.gethostname()
                 else f"if that process is gone, delete {self.path}")
         return f"{self.out} is being written by {who}; {hint}"
+
+
+def refuse_others_files(out: Path, names: Iterable[str], marker: str, command: str, ours: bool = False) -> None:
+    """Refuse to write `names` into `out` where some of them already exist and nothing proves that an
+    earlier `bertpipe command` wrote them: its `marker` file in `out`, or `ours` (a proof the caller has,
+    such as a run directory's verified checkpoints)."""
+    if ours or "://" in str(out) or not out.is_dir() or (out / marker).is_file():
+        return
+    clash = sorted(name for name in names if (out / name).exists())
+    if clash:
+        raise ValueError(f"--out {out} holds {', '.join(clash)}, which `bertpipe {command}` did not write "
+                         f"(no {marker}) and would overwrite; choose a new or empty --out")
+
+
+def mark_output(out: Path, marker: str, command: str) -> None:
+    """Create `out` with the `marker` that lets later runs of `command` rewrite their own files there."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / marker).is_file():
+        (out / marker).write_text(f"written by `bertpipe {command}`, which may rewrite its own files here\n")

@@ -31,10 +31,16 @@ from launch.finetune.tasks import get_task
 from launch.pretrain.pretrain_config import ScheduleSection
 from launch.pretrain.schedule import build_scheduler, lr_multiplier
 from launch.pretrain.optimizers import param_groups
+from pipeline.output_lock import mark_output, refuse_others_files
 from pipeline.vocab import Vocab
 
 logger = logging.getLogger(__name__)
 
+# What a fine-tuning run writes into --out; where they exist, a marker (or, from before the marker,
+# the run's own config.yaml naming this --out) must prove an earlier `finetune` wrote them.
+OUT_MARKER = ".bertpipe-finetune"
+OUT_FILES = ("config.yaml", "metrics.json", "predictions", "submission", "confusion_matrix.txt",
+             "confusion_matrix.png", "model", "head", "log_history.json", "learning_curve.png", "tensorboard")
 SUBSET_SEED = 0  # subsets are the same for every trial seed: seeds then vary only init and order
 
 
@@ -98,6 +104,7 @@ class Finetuner:
 
     def prepare(self) -> None:
         cfg = self.cfg
+        refuse_others_files(self.out, OUT_FILES, OUT_MARKER, "finetune", ours=_saved_out(self.out) == str(cfg.out))
         data_dir = Path(cfg.data_dir)
         if not data_dir.is_dir():
             raise DataError(f"--data-dir {data_dir} is not a directory")
@@ -266,7 +273,7 @@ class Finetuner:
 
     def run(self) -> dict[str, Any]:
         self.prepare()  # every check first: a refused run leaves no config.yaml behind
-        self.out.mkdir(parents=True, exist_ok=True)
+        mark_output(self.out, OUT_MARKER, "finetune")
         save_config(self.cfg, self.out / "config.yaml")
         train_stats = self.train()
         dev = self.last_dev if self.last_dev is not None else self.evaluate()
@@ -298,3 +305,14 @@ def finetune(cfg: FinetuneConfig, **kwargs: Any) -> dict[str, Any]:
 
         return type("FeatureBasedFinetuner", (FeatureBased, Finetuner), {})(cfg, **kwargs).run()
     return Finetuner(cfg, **kwargs).run()
+
+
+def _saved_out(out: Path) -> str | None:
+    """The --out recorded in OUT/config.yaml by an earlier run (None: no such file, or not ours)."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return saved.get("out") if isinstance(saved, dict) and "task" in saved else None

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from launch.config import save_config, to_dict
-from launch.checkpoint_dirs import is_run_dir, read_meta, resolve_checkpoint, select_checkpoint
+from launch.checkpoint_dirs import RUN_FILES, RUN_MARKER, is_run_dir, read_meta, resolve_checkpoint, select_checkpoint
 from launch.pretrain.checkpoints import convert_to_universal, load_rng, on_rank0, save as save_checkpoint
 from launch.pretrain.hf_export import safe_deepspeed_loads
 from launch.pretrain.pretrain_config import PretrainConfig, validate
@@ -34,6 +34,7 @@ from pipeline.corpus_info import CorpusInfo, open_corpus
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
 from pipeline.manifest import sha256_file, verify_shards
 from pipeline.masking import derive_seed
+from pipeline.output_lock import mark_output, refuse_others_files
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class Trainer:
             ds["checkpoint"] = {"load_universal": True}
         self.ds_config = ds
         if self.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            mark_output(self.run_dir, RUN_MARKER, "pretrain")
             save_config(cfg, self.run_dir / "config.yaml")
             write_deepspeed_config(ds, self.run_dir / "ds_config.json")
             (self.run_dir / "vocab.txt").write_bytes(self.vocab_file.read_bytes())
@@ -207,6 +208,7 @@ class Trainer:
                  cfg.data.micro_batch_size, self.grad_accum, self.world, len(self.train_split), self.step)
 
     def _resume_meta(self) -> dict[str, Any] | None:
+        refuse_others_files(self.run_dir, RUN_FILES, RUN_MARKER, "pretrain", ours=is_run_dir(self.run_dir))
         if not self.resume:
             if is_run_dir(self.run_dir):
                 raise ValueError(f"{self.run_dir} already has checkpoints; pass --resume to continue it, "

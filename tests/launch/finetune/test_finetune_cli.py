@@ -206,3 +206,21 @@ def test_bad_data_and_settings_are_cli_errors(tiny_checkpoint, tmp_path, capsys)
     assert "--lr must be positive" in err
     err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--set", "warmpu=0.1", *base], capsys)
     assert "unknown config key(s) warmpu" in err
+
+
+def test_out_never_writes_over_what_bertpipe_did_not_write(tiny_checkpoint, tmp_path, capsys):
+    """A folder holding the user's own metrics.json (a name a run writes) is refused as it is; an earlier
+    run's output (its marker, or before the marker its config.yaml naming this --out) is rewritten."""
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "metrics.json").write_text('{"my": "numbers"}')
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+                  "--out", str(mine), *QUICK], capsys)
+    assert "holds metrics.json, which `bertpipe finetune` did not write" in err
+    assert [p.name for p in mine.iterdir()] == ["metrics.json"] and (mine / "metrics.json").read_text() == '{"my": "numbers"}'
+
+    out = tmp_path / "sst2"
+    finetune("sst2", GLUE, tiny_checkpoint, out)
+    finetune("sst2", GLUE, tiny_checkpoint, out)  # its own output: rewritten
+    (out / ".bertpipe-finetune").unlink()  # as written before the marker existed
+    finetune("sst2", GLUE, tiny_checkpoint, out)

@@ -262,3 +262,26 @@ def test_export_out_never_writes_over_what_bertpipe_did_not_write(run, tmp_path)
     assert "bertpipe did not write, left as they are: metrics.json" in done.stderr
     # An earlier export of the same run is replaced without --overwrite.
     assert bertpipe("export", out, "--out", foreign).returncode == 0
+
+
+def test_pretrain_out_never_writes_over_what_bertpipe_did_not_write(small_corpus, tmp_path):
+    """A folder holding the user's own config.yaml and vocab.txt (names a run writes) is refused as it is;
+    a run directory bertpipe made (its marker) is reused."""
+    mine = tmp_path / "exp1"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("# my experiment's settings\n")
+    (mine / "vocab.txt").write_text("my vocabulary\n")
+    before = snapshot(mine)
+    for extra in ([], ["--resume"]):
+        done = bertpipe("pretrain", "--data", small_corpus, "--out", mine, *TRAIN, "--max-steps", "2", *extra)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "holds config.yaml, vocab.txt, which `bertpipe pretrain` did not write" in done.stderr
+        assert snapshot(mine) == before and "Traceback" not in done.stderr
+    # A run that stopped before its first checkpoint left only its own files and marker: a rerun may
+    # write over them.
+    ours = tmp_path / "run"
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", ours, *TRAIN, "--max-steps", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    shutil.rmtree(ours / "checkpoints")
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", ours, *TRAIN, "--max-steps", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
