@@ -41,6 +41,7 @@ from launch.finetune.local_ray import ray_session
 from launch.finetune.report import markdown_table, plot_grid, summarize
 from launch.finetune.tasks import get_task
 from pipeline.atomic_write import write_text_atomic
+from pipeline.output_lock import refuse_others_files
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ GRIDS: dict[str, dict[str, list[Any]]] = {
 CRASH_ENV = "BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT"
 EXPERIMENT = "tune"  # Tune's own logs and state: OUT/tune/<trial>/
 CONFIG_FILE = "sweep_config.json"
+SWEEP_FILES = (CONFIG_FILE, EXPERIMENT, "trials", "fault_injection", "results.json", "results.md", "sweep.png")
 RECORD = "trial_result.json"  # OUT/trials/<trial>/: a finished trial's settings and metrics
 NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
 
@@ -221,6 +223,7 @@ def run_sweep(
         from_dict(FinetuneConfig, settings[p["index"]]).validate()
     if holds_sweep(out) and not resume:
         raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
+    refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=holds_sweep(out))
 
     recorded: dict[int, dict[str, float]] = {}
     for p in points if resume else ():

@@ -105,6 +105,16 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     assert (out2 / "trials" / "sst2-000" / "metrics.json").is_file()
 
 
+def test_a_folder_with_the_users_results_md_is_refused_before_ray_starts(tiny_checkpoint, tmp_path):
+    mine = tmp_path / "paper"
+    mine.mkdir()
+    (mine / "results.md").write_text("# my draft\n")
+    for resume in (False, True):
+        with pytest.raises(ValueError, match="holds results.md, which `bertpipe sweep` did not write"):
+            run_sweep(["sst2"], tiny_checkpoint, GLUE, mine, grid="quick", overrides=TRIAL, resume=resume)
+    assert [p.name for p in mine.iterdir()] == ["results.md"] and (mine / "results.md").read_text() == "# my draft\n"
+
+
 def _free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
