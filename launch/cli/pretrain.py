@@ -53,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
     from launch.pretrain.trainer import SHARDS_VERIFIED_ENV, preflight
 
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    nproc = int(os.environ["WORLD_SIZE"]) if under_launcher else (args.nproc or max(1, torch.cuda.device_count()))
+    if under_launcher:
+        nproc = int(os.environ["WORLD_SIZE"])
+    else:  # 0 is a mistake, not "auto": only an absent --nproc picks the default
+        nproc = max(1, torch.cuda.device_count()) if args.nproc is None else args.nproc
     if nproc < 1:
         raise CliError("--nproc must be at least 1")
     device_type = "cuda" if torch.cuda.is_available() else "cpu"

@@ -81,6 +81,7 @@ def test_cli_refuses_before_launching(small_corpus, tmp_path, capsys):
         (["model.vocab_size=1000"], "smaller than the corpus vocabulary"),
         (["model.fields={max_position_embeddings: 32}"], "seq_len 64 but the model has only 32 positions"),
         (["--nproc", "3"], "multiple of data.micro_batch_size x data-parallel size"),
+        (["--nproc", "0"], "--nproc must be at least 1"),
         (["optim.lrr=1"], "unknown config key"),
     ]
     for extra, message in cases:
