@@ -69,17 +69,20 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{args.input} contains no texts")
 
     out_base = args.out.with_suffix("") if args.out.suffix in (".npy", ".parquet") else args.out
+    data_file = out_base.with_name(out_base.name + (".parquet" if cfg.pool == "none" else ".npy"))
+    sidecar = out_base.with_name(out_base.name + ".features.yaml")  # the resolved settings; proves we wrote data_file
+    if data_file.exists() and not sidecar.is_file():
+        raise CliError(f"{data_file} exists and `bertpipe features` did not write it (no {sidecar.name} beside it); "
+                       "choose another --out")
     out_base.parent.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out_base.with_name(out_base.name + ".features.yaml"))
+    save_config(cfg, sidecar)
 
     from tqdm import tqdm
 
     start = time.perf_counter()
     with tqdm(total=len(texts), unit="text", desc="features", disable=None) as bar:
-        if cfg.pool == "none":
-            out = write_tokens(extractor, texts, out_base.with_name(out_base.name + ".parquet"), bar.update)
-        else:
-            out = write_pooled(extractor, texts, out_base.with_name(out_base.name + ".npy"), bar.update)
+        write = write_tokens if cfg.pool == "none" else write_pooled
+        out = write(extractor, texts, data_file, bar.update)
     elapsed = time.perf_counter() - start
     if extractor.truncated:
         logger.warning("%d of %d texts were longer than %d word pieces and were truncated",

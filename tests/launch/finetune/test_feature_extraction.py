@@ -46,6 +46,13 @@ def test_mean_pooling_of_last_layer_matches_transformers(minilm_dir, hf_minilm, 
     assert np.abs(ours - expected).max() < 1e-4  # rows in input order despite length-sorted batches
     assert (tmp_path / "f.features.yaml").is_file()
     assert "wrote" in capsys.readouterr().out
+    assert cli.main(argv) == 0  # its own earlier output (the .features.yaml beside it) is rewritten
+    # A file of the user's under the output name is refused, not written over.
+    (tmp_path / "mine.npy").write_bytes(b"my data")
+    with pytest.raises(SystemExit) as exc:
+        cli.main([str(tmp_path / "mine.npy") if a == str(tmp_path / "f") else a for a in argv])
+    assert exc.value.code == 2 and "did not write it (no mine.features.yaml beside it)" in capsys.readouterr().err
+    assert (tmp_path / "mine.npy").read_bytes() == b"my data" and not (tmp_path / "mine.features.yaml").exists()
 
 
 def test_cls_and_layer_combinations(minilm_dir, hf_minilm, texts_file, tmp_path):
