@@ -27,6 +27,7 @@ from pathlib import Path
 from launch.cli import main as cli_main
 from launch.errors import CliError
 from launch.log import get_logger, setup_logging
+from pipeline.output_lock import mark_output
 
 log = get_logger(__name__)
 
@@ -90,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
     corpus, run_dir, hf_dir, sweep_dir = out / "corpus", out / "run", out / "hf_model", out / "sweep"
     if args.fresh and out.exists():
         _clear_previous_demo(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("a `bertpipe demo` output folder; `demo --fresh` may delete what it wrote here\n")
+    mark_output(out, MARKER, "demo")  # what lets a rerun reuse, and --fresh delete, the demo's own files
 
     if not (corpus / "manifest.json").is_file():
         _step("corpus", [
