@@ -34,3 +34,9 @@ class NetworkError(DownloadError):
 
 class FormatError(DownloadError):
     """A downloaded file is not in the format its source promises (e.g. no Gutenberg START marker)."""
+
+
+class ExistingFileError(DownloadError):
+    """A file already sits where the download would go and is not what bertpipe would write there
+    (bertpipe names a file only once it is verified, so this one was put there or changed by hand);
+    it is left alone and the message says to move it aside."""

@@ -9,7 +9,8 @@ having both the START and END markers (a truncated file lacks END); the raw and 
 go into `download.json` so later copies can be compared.
 
 A book in progress is `gutenberg/<id>.txt.partial(.part)` (ignored by the corpus reader); only the
-stripped text is written as `gutenberg/<id>.txt`, atomically. Books that are missing on the mirror
+stripped text is written as `gutenberg/<id>.txt`, atomically, and never over a `<id>.txt` holding
+other text (a user's copy: a counted skip saying to move it aside). Books that are missing on the mirror
 or not in Gutenberg's format are counted skips with their reason, recorded in `download.json`.
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.download.checksums import hash_bytes, hash_file
-from pipeline.download.errors import DiskFullError, FormatError, NetworkError, NotFoundError
+from pipeline.download.errors import DiskFullError, ExistingFileError, FormatError, NetworkError, NotFoundError
 from pipeline.download.gutenberg_text import decode_gutenberg, strip_gutenberg
 from pipeline.download.http import ByteProgress, RetryPolicy, fetch, get_bytes
 from pipeline.download.manifest import read_manifest, update_manifest, utc_now
@@ -138,7 +139,7 @@ def download_books(
         try:
             entries[rel] = _fetch_book(book, dest, mirror, policy, progress, cancel)
             result.written.append(book.id)
-        except (NotFoundError, FormatError) as err:
+        except (NotFoundError, FormatError, ExistingFileError) as err:
             result.skipped[book.id] = str(err)
             logger.warning("book %d skipped: %s", book.id, err)
         except NetworkError as err:
@@ -192,6 +193,14 @@ def _fetch_book(
         raw_dest.unlink(missing_ok=True)
         raise FormatError(f"ebook #{book.id} ({fetched.url}): {err}") from None
     data = stripped.text.encode("utf-8")
+    # A book file we did not record (a killed run's last books, or the user's own copy): the same
+    # text is kept as ours; other text is not ours to replace.
+    if dest.exists() and dest.read_bytes() != data:
+        raw_dest.unlink(missing_ok=True)
+        raise ExistingFileError(
+            f"{dest} is already there with other text than ebook #{book.id} from {mirror} (bertpipe did not write "
+            "it, or it was edited since); move it aside and rerun to fetch the book"
+        )
     tmp = dest.with_name(dest.name + f".{os.getpid()}.partial")
     try:
         tmp.write_bytes(data)

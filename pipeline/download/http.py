@@ -2,7 +2,8 @@
 
 `fetch(url, dest, ...)` writes to `dest.part` while it downloads and renames to `dest` only after
 the file's size and checksums verify, so a reader of the output directory never sees a half-written
-or unverified file under its final name. Interrupted downloads resume with an HTTP `Range` request
+or unverified file under its final name (and a file already under that name that does not verify is
+someone else's: it is refused, never replaced). Interrupted downloads resume with an HTTP `Range` request
 from the byte the partial file reached (guarded by `If-Range` with the server's ETag or
 Last-Modified, so a file that changed upstream restarts instead of being spliced). Transient
 failures are retried by urllib3's `Retry` (connection errors, timeouts and 429/5xx up to the
@@ -32,6 +33,7 @@ from pipeline.download.errors import (
     ChecksumMismatchError,
     DiskFullError,
     DownloadError,
+    ExistingFileError,
     NetworkError,
     NotFoundError,
 )
@@ -262,7 +264,13 @@ def fetch(
             if progress is not None:
                 progress.update(dest.stat().st_size)
             return FetchResult(dest, url, dest.stat().st_size, digests, skipped=True)
-        logger.warning("%s exists but does not match its checksum; downloading it again", dest)
+        # fetch() only renames a verified download to `dest`, so this file is someone else's (a copy
+        # fetched by hand, cut short) or was damaged since: not ours to replace.
+        named = ", ".join(a for a in checksums if digests[a] != checksums[a])
+        raise ExistingFileError(
+            f"{dest} is already there but does not match its published {named} checksum, so it is not a "
+            "verified copy bertpipe wrote; move it aside (or delete it) and rerun to download it"
+        )
 
     resumed_from = part.stat().st_size if part.exists() else 0
     if resumed_from and progress is not None:

@@ -128,6 +128,36 @@ def test_wikipedia_corrupted_part_is_refused(mirror, dump_names, tmp_path: Path,
     assert name not in corpus_inputs(out)
 
 
+def test_a_file_already_under_a_dump_name_that_does_not_verify_is_left_alone(mirror, dump_names, tmp_path: Path, capsys) -> None:
+    """bertpipe names a part only once verified, so a non-verifying file there is not ours to replace."""
+    name, out = dump_names["parts"][0], tmp_path / "raw"
+    out.mkdir()
+    (out / name).write_bytes(b"my own copy, cut short")
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 2 and f"{out / name} is already there but does not match its published sha1" in err and "move it aside" in err
+    assert (out / name).read_bytes() == b"my own copy, cut short"
+    assert not mirror.requests_for(f"/enwiki/{dump_names['date']}/{name}")
+    (out / name).unlink()
+    assert _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)[0] == 0
+
+
+def test_a_book_file_bertpipe_did_not_write_is_not_replaced(mirror, tmp_path: Path, capsys) -> None:
+    """An unrecorded gutenberg/<id>.txt with other text (the user's copy, or ours edited) is a counted
+    skip; one with exactly the fetched text (a killed run's last book) is kept as ours and recorded."""
+    out = tmp_path / "raw"
+    (out / "gutenberg").mkdir(parents=True)
+    (out / "gutenberg" / "105.txt").write_text("my annotated Persuasion\n", encoding="utf-8")
+    (out / "gutenberg" / "121.txt").write_bytes((DATA / "books" / "northangerabbey.txt").read_bytes())
+    rc, stdout, err = _run(["download", "books", "--ids", "105", "121", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert "1 book(s) written" in stdout and "1 skipped" in stdout
+    assert "skipped #105: " in stdout and "already there with other text" in stdout and "move it aside" in stdout
+    assert (out / "gutenberg" / "105.txt").read_text(encoding="utf-8") == "my annotated Persuasion\n"
+    manifest = json.loads((out / "download.json").read_text())
+    assert "gutenberg/105.txt" not in manifest["files"] and "gutenberg/121.txt" in manifest["files"]
+    assert not list((out / "gutenberg").glob("*.partial*"))
+
+
 def test_wikipedia_date_not_on_the_mirror_says_what_to_do(mirror, tmp_path: Path, capsys) -> None:
     rc, _, err = _run(["download", "wikipedia", "--date", "20990101", "--out", str(tmp_path), "--mirror", mirror.url, *FAST], capsys)
     assert rc == 2 and "Traceback" not in err
