@@ -127,9 +127,7 @@ def run(args: argparse.Namespace) -> int:
             "sweep", "--tasks", "sst2", "--checkpoint", str(hf_dir), "--data-dir", str(DATA / "glue"),
             "--out", str(sweep_dir), "--grid", str(grid), "--max-seq-len", "64", "--seeds", str(args.seeds),
         ] + (["--resume"] if holds_sweep(sweep_dir) else []))
-        table = sweep_dir / "results.md"
-        if table.is_file():
-            print(table.read_text(encoding="utf-8"))
+        # The sweep has printed its table (results.md); what follows is the demo's answer.
         print(pretrained)
         print(init_comparison(json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))["trials"]))
     print(f"\nDemo finished. Everything is under {out}/: corpus/, run/, hf_model/, loss.png, sweep/")

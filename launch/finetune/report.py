@@ -20,11 +20,17 @@ TITLES = {"mnli": "MNLI-(m/mm)", "qqp": "QQP", "qnli": "QNLI", "sst2": "SST-2", 
 METRIC_ABBR = {"accuracy": "Acc", "f1": "F1", "matthews_correlation": "MCC", "spearmanr": "Spearman",
                "pearson": "Pearson", "exact_match": "EM"}
 GRID_KEYS = ("batch_size", "lr", "epochs")
+NOT_GRID = ("seed", "index", "task")  # what tells trials apart without being a setting
+
+
+def other_settings(point: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A point's grid settings beyond the paper's three (e.g. the demo's `init`), sorted by name."""
+    return sorted((k, v) for k, v in point.items() if k not in GRID_KEYS + NOT_GRID)
 
 
 def point_key(point: dict[str, Any]) -> tuple:
     """A grid point without its seed: trials differing only in seed are restarts of one config."""
-    return tuple(sorted((k, v) for k, v in point.items() if k not in ("seed", "index", "task")))
+    return tuple(sorted((k, v) for k, v in point.items() if k not in NOT_GRID))
 
 
 def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -48,7 +54,7 @@ def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         best_key = max(groups, key=lambda k: mean(groups[k]))
         best = groups[best_key]
         scores = [r["metrics"]["score"] for r in best]
-        config = {k: v for k, v in best[0]["point"].items() if k not in ("seed", "index", "task")}
+        config = {k: v for k, v in best[0]["point"].items() if k not in NOT_GRID}
         extra = {}
         if task == "mnli":
             mm = [r["metrics"].get("mismatched_accuracy") for r in best]
@@ -99,7 +105,9 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
         if best is None:
             return "-"
         c = best["config"]
-        return f"lr {c.get('lr', '?'):g}, bs {c.get('batch_size', '?')}, ep {c.get('epochs', '?')}"
+        # Any other axis is named too: a demo's best point may be `init random`, not the checkpoint.
+        return ", ".join([f"lr {c.get('lr', '?'):g}", f"bs {c.get('batch_size', '?')}", f"ep {c.get('epochs', '?')}",
+                          *(f"{k} {v}" for k, v in other_settings(c))])
 
     config_row = "| best config | " + " | ".join(cfg(t) for t in tasks) + " | |"
     lines = [head, rule, metric_row, score_row, config_row]
@@ -109,8 +117,20 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def grid_lines(trials: Sequence[dict[str, Any]], task: str) -> dict[str, dict[float, list[float]]]:
+    """One task's dev scores by line label, then learning rate: a line per (batch size, epochs, any
+    other setting), so that points differing in, say, `init` are never averaged together."""
+    lines: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for t in trials:
+        p, m = t["point"], t.get("metrics")
+        if p["task"] == task and m and m.get("score") is not None:
+            lines[(p.get("batch_size"), p.get("epochs"), *other_settings(p))][float(p.get("lr", 0))].append(m["score"])
+    return {", ".join([f"bs {bs}", f"ep {ep}", *(f"{k} {v}" for k, v in others)]): dict(by_lr)
+            for (bs, ep, *others), by_lr in sorted(lines.items(), key=lambda kv: str(kv[0]))}
+
+
 def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any]], path: Path) -> None:
-    """Dev metric against learning rate, one line per (batch size, epochs), one panel per task."""
+    """Dev metric against learning rate, one line per `grid_lines` label, one panel per task."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,15 +139,10 @@ def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any
     tasks = ordered(list(summary))
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        lines: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for t in trials:
-            p, m = t["point"], t.get("metrics")
-            if p["task"] != task or not m or m.get("score") is None:
-                continue
-            lines[(p.get("batch_size"), p.get("epochs"))][float(p.get("lr", 0))].append(m["score"])
-        for (bs, ep), by_lr in sorted(lines.items(), key=lambda kv: str(kv[0])):
+        lines = grid_lines(trials, task)
+        for label, by_lr in lines.items():
             lrs = sorted(by_lr)
-            ax.plot(lrs, [statistics.fmean(by_lr[lr]) for lr in lrs], marker="o", label=f"bs {bs}, ep {ep}")
+            ax.plot(lrs, [statistics.fmean(by_lr[lr]) for lr in lrs], marker="o", label=label)
             for lr in lrs:
                 if len(by_lr[lr]) > 1:
                     ax.scatter([lr] * len(by_lr[lr]), by_lr[lr], s=8, alpha=0.5)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.finetune.report import markdown_table, summarize
+from launch.finetune.report import grid_lines, markdown_table, summarize
 from launch.finetune.tune_sweep import expand, load_grid, run_sweep
 
 from repo_paths import REPO
@@ -57,6 +57,21 @@ def test_summary_picks_best_mean_over_seeds_and_lays_out_the_paper_table():
     assert lines[0] == "| System | MNLI-(m/mm) | SST-2 | RTE | Average |"  # the paper's column order
     assert lines[3] == "| bert-tiny | 84.0/83.0 | failed | 67.0 ±1.0 | - |"
     assert "Failed trials (after retries): sst2: 1" in table
+    assert lines[4] == "| best config | lr 3e-05, bs 32, ep 3 | - | lr 2e-05, bs 32, ep 3 | |"
+
+
+def test_a_grid_axis_beyond_the_papers_three_is_named_in_the_table_and_the_plot():
+    """The demo sweeps init: [checkpoint, random]; its best point must not read as the checkpoint's."""
+    trials = [{"point": {"task": "sst2", "lr": 5e-4, "batch_size": 32, "epochs": 2, "init": init, "seed": seed,
+                         "index": i}, "metrics": {"score": score}, "error": None}
+              for i, (init, seed, score) in enumerate([("checkpoint", 1, 0.60), ("checkpoint", 2, 0.62),
+                                                       ("random", 1, 0.76), ("random", 2, 0.77)])]
+    s = summarize(trials)
+    assert s["sst2"]["best"]["config"]["init"] == "random" and s["sst2"]["best"]["score"] == pytest.approx(0.765)
+    assert markdown_table(s, name="hf_model").splitlines()[4] == "| best config | lr 0.0005, bs 32, ep 2, init random | |"
+    # sweep.png draws one line per init, not both inits averaged into one point.
+    assert grid_lines(trials, "sst2") == {"bs 32, ep 2, init checkpoint": {5e-4: [0.60, 0.62]},
+                                          "bs 32, ep 2, init random": {5e-4: [0.76, 0.77]}}
 
 
 @pytest.fixture(scope="module")
