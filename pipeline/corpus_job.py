@@ -60,7 +60,7 @@ class CorpusConfig:
     seed: int = 12345  # global seed; the output is a function of the inputs and the seed
     masked_lm_prob: float = 0.15  # share of (non-special) tokens masked
     max_predictions: int = 20  # cap on masked tokens per instance
-    short_seq_prob: float = 0.1  # share of instances with a shorter target length
+    short_seq_prob: float = 0.1  # share of documents (each copy) given a shorter random target length
     whole_word_mask: bool = False  # mask all pieces of a word together
     lowercase: bool | None = None  # None: uncased unless the vocab is cased
     num_shards: int = 0  # train shards; 0 = one per `instances_per_shard`

@@ -3,7 +3,7 @@
   bertpipe pretrain --config tiny --data CORPUS --out RUN [--section.key VALUE ...] [--nproc N]
   bertpipe pretrain --data CORPUS --out RUN --resume          # continue from RUN/checkpoints/latest
 
---config is a preset (tiny, bert-base, bert-large-phase1, bert-large-phase2) or a YAML file; a flag
+--config is a preset (tiny, demo, bert-base, bert-large-phase1, bert-large-phase2) or a YAML file; a flag
 overrides any field of it (`--zero.stage 2 --optim.lr 1e-3`; `--max-steps N` is
 `--schedule.total-steps N`). The old `zero.stage=2` form still works, with a warning. Locally,
 --nproc N starts N processes (gloo on CPU, NCCL on GPUs). On a cluster run the same trainer under a
