@@ -265,9 +265,13 @@ def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, 
         if gpus_per_trial is None:
             gpus_per_trial = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         trainable = tune.with_resources(_trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
+        # Fields every point sets are left out of the shared base: Tune prints each trial's config, and
+        # `base/lr 2e-05` beside a trial that runs its point's lr would mislead (_settings is unchanged).
+        every_point_sets = set.intersection(*(set(p) for p in pending))
+        shared = {k: v for k, v in base.items() if k not in every_point_sets}
         tuner = tune.Tuner(
             trainable,
-            param_space={"point": tune.grid_search(pending), "base": base, "crash_first_attempt": crash_first_attempt,
+            param_space={"point": tune.grid_search(pending), "base": shared, "crash_first_attempt": crash_first_attempt,
                          "fault_dir": str(out / "fault_injection"), "trials_dir": str(out / "trials")},
             # reuse_actors: the next trial runs in a worker that already imported torch and the model code.
             tune_config=tune.TuneConfig(trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launch.finetune.report import grid_lines, markdown_table, summarize
 from launch.finetune.tune_sweep import expand, load_grid, run_sweep
@@ -103,6 +104,12 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     assert all(t["metrics"]["score"] == t["metrics"]["accuracy"] for t in data["trials"])
     assert (out / "results.md").read_text().splitlines()[0] == "| System | SST-2 | Average |"
     assert (out / "sweep.png").stat().st_size > 1000
+    # What Tune shows and records as a trial's config does not contradict the point it ran: the shared
+    # base leaves out the fields every point sets (lr, epochs, ...), the base's other fields are there.
+    params = json.loads((out / "tune" / "sst2-001" / "params.json").read_text())
+    assert "lr" not in params["base"] and "seed" not in params["base"] and params["base"]["max_seq_len"] == 32
+    ran = yaml.safe_load((out / "trials" / "sst2-001" / "config.yaml").read_text())
+    assert ran["lr"] == params["point"]["lr"] and ran["max_train_samples"] == 32
     with pytest.raises(ValueError, match="--resume"):
         run_sweep(["sst2"], tiny_checkpoint, GLUE, out, grid="quick", overrides=TRIAL)
 
