@@ -101,6 +101,12 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     return value
 
 
+def coerce_field(cls: type, name: str, value: Any, key: str | None = None) -> Any:
+    """`value` as field `name` of dataclass `cls` takes it (YAML reads `5e-5` as a string), or a
+    ValueError naming `key`."""
+    return _coerce(value, typing.get_type_hints(cls)[name], key or name)
+
+
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a mapping, strictly: unknown keys and wrong types are errors."""
     hints = typing.get_type_hints(cls)

@@ -1,5 +1,6 @@
-"""The docs name real files: every repository path in backticks in README.md and docs/*.md exists, and
-every `tests/...py::test_name` names a test that is there (files move; docs drift unless checked)."""
+"""The docs name real files: every path in backticks under one of the repository's top folders in
+README.md and docs/*.md exists, and every `tests/...py::test_name` names a test that is there (files
+move; docs drift unless checked). Dotted module names (`launch.x.y`) are not checked here."""
 
 from __future__ import annotations
 

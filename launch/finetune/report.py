@@ -23,9 +23,11 @@ GRID_KEYS = ("batch_size", "lr", "epochs")
 NOT_GRID = ("seed", "index", "task")  # what tells trials apart without being a setting
 
 
-def other_settings(point: dict[str, Any]) -> list[tuple[str, Any]]:
-    """A point's grid settings beyond the paper's three (e.g. the demo's `init`), sorted by name."""
-    return sorted((k, v) for k, v in point.items() if k not in GRID_KEYS + NOT_GRID)
+def swept_beyond_lr_batch_epochs(points: Sequence[dict[str, Any]]) -> list[str]:
+    """The settings other than the paper's three that take more than one value among `points` (the
+    demo's `init`); one that a grid fixes (`max_seq_len: 128`) tells points apart from nothing."""
+    keys = {k for p in points for k in p if k not in GRID_KEYS + NOT_GRID}
+    return sorted(k for k in keys if len({repr(p.get(k)) for p in points}) > 1)
 
 
 def point_key(point: dict[str, Any]) -> tuple:
@@ -105,9 +107,10 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
         if best is None:
             return "-"
         c = best["config"]
-        # Any other axis is named too: a demo's best point may be `init random`, not the checkpoint.
+        # Any other swept setting is named too: a demo's best point may be `init random`, not the checkpoint.
+        swept = swept_beyond_lr_batch_epochs([g["config"] for g in summary[t]["grid"]])
         return ", ".join([f"lr {c.get('lr', '?'):g}", f"bs {c.get('batch_size', '?')}", f"ep {c.get('epochs', '?')}",
-                          *(f"{k} {v}" for k, v in other_settings(c))])
+                          *(f"{k} {c.get(k)}" for k in swept)])
 
     config_row = "| best config | " + " | ".join(cfg(t) for t in tasks) + " | |"
     lines = [head, rule, metric_row, score_row, config_row]
@@ -119,12 +122,13 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
 
 def grid_lines(trials: Sequence[dict[str, Any]], task: str) -> dict[str, dict[float, list[float]]]:
     """One task's dev scores by line label, then learning rate: a line per (batch size, epochs, any
-    other setting), so that points differing in, say, `init` are never averaged together."""
+    other swept setting), so that points differing in, say, `init` are never averaged together."""
+    scored = [(t["point"], t["metrics"]["score"]) for t in trials
+              if t["point"]["task"] == task and (t.get("metrics") or {}).get("score") is not None]
+    swept = swept_beyond_lr_batch_epochs([p for p, _ in scored])
     lines: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for t in trials:
-        p, m = t["point"], t.get("metrics")
-        if p["task"] == task and m and m.get("score") is not None:
-            lines[(p.get("batch_size"), p.get("epochs"), *other_settings(p))][float(p.get("lr", 0))].append(m["score"])
+    for p, score in scored:
+        lines[(p.get("batch_size"), p.get("epochs"), *((k, p.get(k)) for k in swept))][float(p.get("lr", 0))].append(score)
     return {", ".join([f"bs {bs}", f"ep {ep}", *(f"{k} {v}" for k, v in others)]): dict(by_lr)
             for (bs, ep, *others), by_lr in sorted(lines.items(), key=lambda kv: str(kv[0]))}
 

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from launch.config import from_dict, to_dict
+from launch.config import coerce_field, from_dict, to_dict
 from launch.finetune import table7
 from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.local_ray import ray_session
@@ -91,7 +91,9 @@ def load_grid(grid: str | Path | dict[str, Any]) -> dict[str, list[Any]]:
     unknown = sorted(set(raw) - fields)
     if unknown:
         raise ValueError(f"grid keys {unknown} are not fine-tuning settings; use some of: {', '.join(sorted(fields))}")
-    return {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in raw.items()}
+    # Typed now, not in each trial: `lr: [5e-5]` is a string to YAML, and the table formats it as a number.
+    return {k: [coerce_field(FinetuneConfig, k, x, f"grid {k}") for x in (v if isinstance(v, (list, tuple)) else [v])]
+            for k, v in raw.items()}
 
 
 def expand(tasks: Sequence[str], grid: dict[str, list[Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
@@ -116,6 +118,14 @@ def _trial_name(trial) -> str:
 def _settings(base: dict[str, Any], point: dict[str, Any], trials_dir: Path) -> dict[str, Any]:
     """One trial's FinetuneConfig fields: the sweep's base, its grid point and seed, its own output folder."""
     return {**base, **{k: v for k, v in point.items() if k != "index"}, "out": str(trials_dir / _name(point))}
+
+
+def shared_base(base: dict[str, Any], points: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The base Tune is given: without the fields every point sets. Tune prints each trial's config, and
+    `base/lr 2e-05` beside a trial that runs its point's lr would mislead; `_settings(shared_base(...),
+    point)` is `_settings(base, point)` for every one of `points`."""
+    every_point_sets = set.intersection(*(set(p) for p in points)) if points else set()
+    return {k: v for k, v in base.items() if k not in every_point_sets}
 
 
 def _digest(body: dict[str, Any]) -> str:
@@ -265,13 +275,9 @@ def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, 
         if gpus_per_trial is None:
             gpus_per_trial = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         trainable = tune.with_resources(_trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
-        # Fields every point sets are left out of the shared base: Tune prints each trial's config, and
-        # `base/lr 2e-05` beside a trial that runs its point's lr would mislead (_settings is unchanged).
-        every_point_sets = set.intersection(*(set(p) for p in pending))
-        shared = {k: v for k, v in base.items() if k not in every_point_sets}
         tuner = tune.Tuner(
             trainable,
-            param_space={"point": tune.grid_search(pending), "base": shared, "crash_first_attempt": crash_first_attempt,
+            param_space={"point": tune.grid_search(pending), "base": shared_base(base, pending), "crash_first_attempt": crash_first_attempt,
                          "fault_dir": str(out / "fault_injection"), "trials_dir": str(out / "trials")},
             # reuse_actors: the next trial runs in a worker that already imported torch and the model code.
             tune_config=tune.TuneConfig(trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,

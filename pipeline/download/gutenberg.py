@@ -10,7 +10,7 @@ go into `download.json` so later copies can be compared.
 
 A book in progress is `gutenberg/<id>.txt.partial(.part)` (ignored by the corpus reader); only the
 stripped text is written as `gutenberg/<id>.txt`, atomically, and never over a `<id>.txt` holding
-other text (a user's copy: a counted skip saying to move it aside). Books that are missing on the mirror
+other text (a user's copy, or ours edited since: a counted skip saying to move it aside). Books that are missing on the mirror
 or not in Gutenberg's format are counted skips with their reason, recorded in `download.json`.
 """
 
@@ -31,7 +31,7 @@ from pipeline.download.checksums import hash_bytes, hash_file
 from pipeline.download.errors import DiskFullError, ExistingFileError, FormatError, NetworkError, NotFoundError
 from pipeline.download.gutenberg_text import decode_gutenberg, strip_gutenberg
 from pipeline.download.http import ByteProgress, RetryPolicy, fetch, get_bytes
-from pipeline.download.manifest import read_manifest, update_manifest, utc_now
+from pipeline.download.manifest import MANIFEST_NAME, read_manifest, update_manifest, utc_now
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,7 @@ def download_books(
     recorded = read_manifest(out)["files"]
     result = BooksResult()
     entries: dict[str, dict[str, Any]] = {}
+    stale: list[str] = []
     progress = ByteProgress(None, enabled=show_progress, desc="gutenberg")
     cancel = threading.Event()
 
@@ -132,13 +133,17 @@ def download_books(
         rel = f"gutenberg/{book.id}.txt"
         dest = out / rel
         known = recorded.get(rel)
-        if dest.exists() and known and hash_file(dest, ["sha256"])["sha256"] == known.get("sha256"):
-            result.already.append(book.id)
-            entries[rel] = known
-            return
         try:
-            entries[rel] = _fetch_book(book, dest, mirror, policy, progress, cancel)
-            result.written.append(book.id)
+            if dest.exists() and known:
+                if hash_file(dest, ["sha256"])["sha256"] == known.get("sha256"):
+                    result.already.append(book.id)
+                    entries[rel] = known
+                    return
+                stale.append(rel)  # what download.json says of it is no longer true
+                raise ExistingFileError(f"{dest} has changed since bertpipe wrote it (its sha256 is not the one in "
+                                        f"{MANIFEST_NAME}); move it aside and rerun to fetch ebook #{book.id} again")
+            entries[rel], wrote = _fetch_book(book, dest, mirror, policy, progress, cancel)
+            (result.written if wrote else result.already).append(book.id)
         except (NotFoundError, FormatError, ExistingFileError) as err:
             result.skipped[book.id] = str(err)
             logger.warning("book %d skipped: %s", book.id, err)
@@ -165,7 +170,7 @@ def download_books(
             "fetched_at": utc_now(),
         }
         # Recorded even after a fatal error, so what did finish is in the manifest.
-        update_manifest(out, SOURCE_KEY, source, entries)
+        update_manifest(out, SOURCE_KEY, source, entries, drop=stale)
     logger.info(
         "gutenberg: %d written, %d already there, %d skipped, %d failed, into %s",
         len(result.written), len(result.already), len(result.skipped), len(result.failed), book_dir,
@@ -175,7 +180,8 @@ def download_books(
 
 def _fetch_book(
     book: Book, dest: Path, mirror: str, policy: RetryPolicy, progress: ByteProgress, cancel: threading.Event
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bool]:
+    """The book's manifest entry, and whether `dest` was written (False: it already held exactly this text)."""
     raw_dest = dest.with_name(dest.name + ".partial")
     fetched = None
     for url in book_urls(mirror, book.id):
@@ -194,27 +200,29 @@ def _fetch_book(
         raise FormatError(f"ebook #{book.id} ({fetched.url}): {err}") from None
     data = stripped.text.encode("utf-8")
     # A book file we did not record (a killed run's last books, or the user's own copy): the same
-    # text is kept as ours; other text is not ours to replace.
-    if dest.exists() and dest.read_bytes() != data:
+    # text is kept, as ours; other text is not ours to replace.
+    wrote = not dest.exists()
+    if not wrote and dest.read_bytes() != data:
         raw_dest.unlink(missing_ok=True)
         raise ExistingFileError(
             f"{dest} is already there with other text than ebook #{book.id} from {mirror} (bertpipe did not write "
-            "it, or it was edited since); move it aside and rerun to fetch the book"
+            "it); move it aside and rerun to fetch the book"
         )
-    tmp = dest.with_name(dest.name + f".{os.getpid()}.partial")
-    try:
-        tmp.write_bytes(data)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"the disk filled up while writing {dest}; free some space and rerun the same command") from None
-        raise
-    os.replace(tmp, dest)
+    if wrote:
+        tmp = dest.with_name(dest.name + f".{os.getpid()}.partial")
+        try:
+            tmp.write_bytes(data)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(f"the disk filled up while writing {dest}; free some space and rerun the same command") from None
+            raise
+        os.replace(tmp, dest)
     raw_dest.unlink(missing_ok=True)
     return {
         "source": SOURCE_KEY, "url": fetched.url, "id": book.id, "title": book.title, "authors": book.authors,
         "language": book.language, "raw_size": fetched.size, "raw_sha256": fetched.digests["sha256"],
         "size": len(data), **hash_bytes(data, ["sha256"]), "start_marker": stripped.start_marker,
         "end_marker": stripped.end_marker, "fetched_at": utc_now(),
-    }
+    }, wrote
 

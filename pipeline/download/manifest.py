@@ -17,7 +17,7 @@ import datetime as dt
 import fcntl
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from pipeline.atomic_write import write_text_atomic
 
@@ -58,11 +58,15 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return data
 
 
-def update_manifest(directory: Path, source_key: str, source: dict[str, Any], files: dict[str, dict[str, Any]]) -> Path:
-    """Merge one command's source entry and files into `directory/download.json`, atomically."""
+def update_manifest(directory: Path, source_key: str, source: dict[str, Any], files: dict[str, dict[str, Any]],
+                    drop: Sequence[str] = ()) -> Path:
+    """Merge one command's source entry and files into `directory/download.json`, atomically; the
+    entries of `drop` (files that no longer match what was recorded) are removed."""
     with _locked(directory):
         data = read_manifest(directory)
         data["sources"][source_key] = source
+        for name in drop:
+            data["files"].pop(name, None)
         data["files"].update(files)
         data["files"] = dict(sorted(data["files"].items()))
         path = write_text_atomic(directory / MANIFEST_NAME, json.dumps(data, indent=2, sort_keys=False) + "\n")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.download.checksums import parse_checksum_list
-from pipeline.download.errors import DownloadError, NotFoundError
+from pipeline.download.errors import DownloadError, ExistingFileError, NotFoundError
 from pipeline.download.http import ByteProgress, FetchResult, RetryPolicy, ensure_free_space, fetch, get_bytes, part_path
 from pipeline.download.manifest import read_manifest, update_manifest, utc_now
 
@@ -266,8 +266,13 @@ def _fetch_all(files: list[DumpFile], out: Path, jobs: int, policy: RetryPolicy,
 
     def one(f: DumpFile) -> FetchResult:
         # One published digest is enough to verify; hashing a 20 GB dump twice is not free.
-        return fetch(f.url, out / f.name, expected_size=f.size, checksums=f.checksum, policy=policy,
-                     progress=progress, cancel=cancel, extra_digests=())
+        try:
+            return fetch(f.url, out / f.name, expected_size=f.size, checksums=f.checksum, policy=policy,
+                         progress=progress, cancel=cancel, extra_digests=())
+        except ExistingFileError as err:
+            # Said now, not only once the other parts (hours of them) have finished downloading.
+            logger.error("%s", err)
+            raise
 
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="download") as pool:
         futures = [pool.submit(one, f) for f in files]

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from launch.finetune.report import grid_lines, markdown_table, summarize
-from launch.finetune.tune_sweep import expand, load_grid, run_sweep
+from launch.finetune import table7
+from launch.finetune.tune_sweep import _settings, expand, load_grid, run_sweep, shared_base
 
 from repo_paths import REPO
 GLUE = REPO / "data" / "glue"
@@ -36,6 +37,24 @@ def test_paper_grid_and_expansion(tmp_path):
     (tmp_path / "bad.yaml").write_text("learning_rate: [1.0e-4]\n")
     with pytest.raises(ValueError, match="learning_rate"):
         load_grid(tmp_path / "bad.yaml")
+
+
+def test_grid_values_take_the_settings_types_and_tune_sees_no_base_field_a_point_overrides(tmp_path):
+    # YAML reads `5e-5` (no dot) as a string; the grid is typed when loaded, a bad value refused then.
+    (tmp_path / "g.yaml").write_text("lr: [5e-5, 3.0e-5]\ninit: random\n")
+    assert load_grid(tmp_path / "g.yaml") == {"lr": [5e-5, 3e-5], "init": ["random"]}
+    (tmp_path / "bad.yaml").write_text("lr: [fast]\n")
+    with pytest.raises(ValueError, match="grid lr: expected a number"):
+        load_grid(tmp_path / "bad.yaml")
+    base = {"lr": 2e-5, "epochs": 3, "max_seq_len": 128, "feature_based": False, "layers": "last", "seed": 42}
+    # Table 7's points differ in keys: its fine-tuning row sets no `layers`, so `layers` stays in the base.
+    rows = table7.points(["conll2003"], [1])
+    shared = shared_base(base, rows)
+    assert shared == {"lr": 2e-5, "epochs": 3, "max_seq_len": 128, "layers": "last"}
+    for p in rows:
+        assert _settings(shared, p, tmp_path) == _settings(base, p, tmp_path)
+    paper = expand(["sst2"], load_grid("paper"), [1, 2])
+    assert shared_base(base, paper) == {"max_seq_len": 128, "feature_based": False, "layers": "last"}
 
 
 def test_summary_picks_best_mean_over_seeds_and_lays_out_the_paper_table():
@@ -63,12 +82,13 @@ def test_summary_picks_best_mean_over_seeds_and_lays_out_the_paper_table():
 
 def test_a_grid_axis_beyond_the_papers_three_is_named_in_the_table_and_the_plot():
     """The demo sweeps init: [checkpoint, random]; its best point must not read as the checkpoint's."""
-    trials = [{"point": {"task": "sst2", "lr": 5e-4, "batch_size": 32, "epochs": 2, "init": init, "seed": seed,
-                         "index": i}, "metrics": {"score": score}, "error": None}
+    trials = [{"point": {"task": "sst2", "lr": 5e-4, "batch_size": 32, "epochs": 2, "init": init, "max_seq_len": 64,
+                         "seed": seed, "index": i}, "metrics": {"score": score}, "error": None}
               for i, (init, seed, score) in enumerate([("checkpoint", 1, 0.60), ("checkpoint", 2, 0.62),
                                                        ("random", 1, 0.76), ("random", 2, 0.77)])]
     s = summarize(trials)
     assert s["sst2"]["best"]["config"]["init"] == "random" and s["sst2"]["best"]["score"] == pytest.approx(0.765)
+    # max_seq_len is in every point with one value: it names no difference, so it is not shown.
     assert markdown_table(s, name="hf_model").splitlines()[4] == "| best config | lr 0.0005, bs 32, ep 2, init random | |"
     # sweep.png draws one line per init, not both inits averaged into one point.
     assert grid_lines(trials, "sst2") == {"bs 32, ep 2, init checkpoint": {5e-4: [0.60, 0.62]},

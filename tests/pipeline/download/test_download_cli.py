@@ -142,20 +142,33 @@ def test_a_file_already_under_a_dump_name_that_does_not_verify_is_left_alone(mir
 
 
 def test_a_book_file_bertpipe_did_not_write_is_not_replaced(mirror, tmp_path: Path, capsys) -> None:
-    """An unrecorded gutenberg/<id>.txt with other text (the user's copy, or ours edited) is a counted
-    skip; one with exactly the fetched text (a killed run's last book) is kept as ours and recorded."""
+    """An unrecorded gutenberg/<id>.txt with other text (the user's copy) is a counted skip; one with
+    exactly the fetched text (a killed run's last book) is kept, untouched, and recorded; a recorded
+    book edited since is a skip too, without fetching it, and its stale record is dropped."""
     out = tmp_path / "raw"
     (out / "gutenberg").mkdir(parents=True)
     (out / "gutenberg" / "105.txt").write_text("my annotated Persuasion\n", encoding="utf-8")
     (out / "gutenberg" / "121.txt").write_bytes((DATA / "books" / "northangerabbey.txt").read_bytes())
+    stamp = (out / "gutenberg" / "121.txt").stat().st_mtime_ns
     rc, stdout, err = _run(["download", "books", "--ids", "105", "121", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
     assert rc == 0, err
-    assert "1 book(s) written" in stdout and "1 skipped" in stdout
+    assert "0 book(s) written, 1 already there, 1 skipped" in stdout
+    assert (out / "gutenberg" / "121.txt").stat().st_mtime_ns == stamp
     assert "skipped #105: " in stdout and "already there with other text" in stdout and "move it aside" in stdout
     assert (out / "gutenberg" / "105.txt").read_text(encoding="utf-8") == "my annotated Persuasion\n"
     manifest = json.loads((out / "download.json").read_text())
     assert "gutenberg/105.txt" not in manifest["files"] and "gutenberg/121.txt" in manifest["files"]
     assert not list((out / "gutenberg").glob("*.partial*"))
+
+    # Our recorded 121, edited since: left alone, not fetched again, its record dropped.
+    (out / "gutenberg" / "121.txt").write_text("my notes on Northanger Abbey\n", encoding="utf-8")
+    before = len(mirror.log)
+    rc, stdout, err = _run(["download", "books", "--ids", "121", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert "skipped #121: " in stdout and "has changed since bertpipe wrote it" in stdout and len(mirror.log) == before
+    assert (out / "gutenberg" / "121.txt").read_text(encoding="utf-8") == "my notes on Northanger Abbey\n"
+    manifest = json.loads((out / "download.json").read_text())
+    assert "gutenberg/121.txt" not in manifest["files"] and manifest["sources"]["gutenberg"]["books"] == []
 
 
 def test_wikipedia_date_not_on_the_mirror_says_what_to_do(mirror, tmp_path: Path, capsys) -> None:
