@@ -10,8 +10,9 @@ go into `download.json` so later copies can be compared.
 
 A book in progress is `gutenberg/<id>.txt.partial(.part)` (ignored by the corpus reader); only the
 stripped text is written as `gutenberg/<id>.txt`, atomically, and never over a `<id>.txt` holding
-other text (a user's copy, or ours edited since: a counted skip saying to move it aside). Books that are missing on the mirror
-or not in Gutenberg's format are counted skips with their reason, recorded in `download.json`.
+other text (a user's copy, or ours edited since: a counted skip saying to move it aside). Books that
+are missing on the mirror or not in Gutenberg's format are counted skips with their reason,
+recorded in `download.json`.
 """
 
 from __future__ import annotations
