@@ -146,10 +146,10 @@ def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any
         lines = grid_lines(trials, task)
         for label, by_lr in lines.items():
             lrs = sorted(by_lr)
-            ax.plot(lrs, [statistics.fmean(by_lr[lr]) for lr in lrs], marker="o", label=label)
+            (line,) = ax.plot(lrs, [statistics.fmean(by_lr[lr]) for lr in lrs], marker="o", label=label)
             for lr in lrs:
-                if len(by_lr[lr]) > 1:
-                    ax.scatter([lr] * len(by_lr[lr]), by_lr[lr], s=8, alpha=0.5)
+                if len(by_lr[lr]) > 1:  # the seeds behind the mean, in their line's colour
+                    ax.scatter([lr] * len(by_lr[lr]), by_lr[lr], s=8, alpha=0.5, color=line.get_color())
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel(f"dev {summary[task]['metric']}")
