@@ -15,6 +15,7 @@ import pytest
 from launch import cli
 from pipeline.manifest import sha256_file
 from pipeline.output_lock import LOCK_NAME
+import as_from_a_shell
 from repo_paths import DATA, GLUE, VOCAB, WIKI_DUMP
 
 CORPUS_ARGS = ["--input", str(DATA / "books" / "persuasion.txt"), str(WIKI_DUMP), "--vocab", str(VOCAB),
@@ -31,8 +32,8 @@ def _refused(argv) -> None:
 def _start_corpus(out, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     err = open(tmp_path / f"{out.name}.err", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "corpus", *CORPUS_ARGS, "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True)
+    proc = as_from_a_shell.popen([sys.executable, "-m", "launch.cli", "corpus", *CORPUS_ARGS, "--out", str(out)],
+                                 stdout=subprocess.DEVNULL, stderr=err, env=env)
     return proc, err
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from launch.finetune.local_ray import MARKER, _make_temp_dir, remove_temp_dir
 from launch.finetune.tune_sweep import RECORD, read_record, write_record
+import as_from_a_shell
 from repo_paths import GLUE
 
 # --num-cpus 1: one trial at a time, so the second trial is running when the first has just finished.
@@ -40,9 +41,8 @@ def _argv(checkpoint, out, ray_temp, grid="quick") -> list[str]:
 
 
 def _start(argv, log: Path) -> subprocess.Popen:
-    # Its own session, like a command started from a shell: a signal to its group reaches nothing else.
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return as_from_a_shell.popen(argv, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 400) -> None:
