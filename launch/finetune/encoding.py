@@ -119,23 +119,27 @@ def tag_features(
 
 
 def _add_context(examples, per_word, i, ids, labels, budget):
-    """Grow the window with whole neighbouring sentences of the same document, alternating sides."""
+    """Grow the window with whole neighbouring sentences of the same document, alternating sides.
+
+    A side stops at the first sentence that does not fit (or leaves the document): the window stays
+    a contiguous stretch of text, never a sentence beside one that was not its neighbour.
+    """
     doc = examples[i].doc_id
-    left, right = i - 1, i + 1
-    while len(ids) < budget and (left >= 0 or right < len(examples)):
-        grew = False
-        for j in (left, right):
-            if 0 <= j < len(examples) and examples[j].doc_id == doc and doc:
-                toks = [t for w in per_word[j] for t in w]
-                if len(ids) + len(toks) <= budget:
-                    if j < i:
-                        ids, labels = toks + ids, [IGNORE] * len(toks) + labels
-                    else:
-                        ids, labels = ids + toks, labels + [IGNORE] * len(toks)
-                    grew = True
-        if not grew:
-            break
-        left, right = left - 1, right + 1
+    if not doc:
+        return ids, labels
+    side = {-1: i - 1, 1: i + 1}  # the next sentence to try on each side; dropped once it stops
+    while side:
+        for step in list(side):
+            j = side[step]
+            toks = [t for w in per_word[j] for t in w] if 0 <= j < len(examples) and examples[j].doc_id == doc else None
+            if toks is None or len(ids) + len(toks) > budget:
+                del side[step]
+                continue
+            if step < 0:
+                ids, labels = toks + ids, [IGNORE] * len(toks) + labels
+            else:
+                ids, labels = ids + toks, labels + [IGNORE] * len(toks)
+            side[step] = j + step
     return ids, labels
 
 
