@@ -69,7 +69,7 @@ class FinetuneConfig:
     text_column: str = "text"  # classify/regress/tag: column with the text
     text_pair_column: str | None = None  # classify/regress: column with the second text of a pair
     label_column: str = "label"  # classify/regress/tag: column with the label
-    doc_stride: int = 128  # squad: tokens between the starts of context windows
+    doc_stride: int | None = None  # squad: tokens between the starts of context windows; null: 128 (the paper's, at seq 384) or half a window when that is shorter
     max_query_length: int = 64  # squad: question tokens kept
     n_best: int = 20  # squad: start/end candidates considered
     max_answer_length: int = 30  # squad: longest answer in tokens
@@ -106,7 +106,7 @@ class FinetuneConfig:
             (8 <= self.max_seq_len <= 512, f"--max-seq-len must be in [8, 512], got {self.max_seq_len}"),
             (self.max_train_samples is None or self.max_train_samples >= 1, "--max-train-samples must be >= 1"),
             (self.max_eval_samples is None or self.max_eval_samples >= 1, "--max-eval-samples must be >= 1"),
-            (1 <= self.doc_stride, f"--doc-stride must be >= 1, got {self.doc_stride}"),
+            (self.doc_stride is None or self.doc_stride >= 1, f"--doc-stride must be >= 1, got {self.doc_stride}"),
             (self.max_query_length >= 1, "--max-query-length must be >= 1"),
             (self.n_best >= 1 and self.max_answer_length >= 1, "--n-best and --max-answer-length must be >= 1"),
             (self.lstm_hidden >= 1, f"--lstm-hidden must be >= 1, got {self.lstm_hidden}"),

@@ -52,6 +52,8 @@ def read_squad(path: Path) -> list[QAExample]:
             data = json.load(f)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); SQuAD files are UTF-8 JSON") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise DataError(f"{path}: not a SQuAD file (expected an object with a `data` list of articles)")
     out: list[QAExample] = []
@@ -61,9 +63,14 @@ def read_squad(path: Path) -> list[QAExample]:
                 context = paragraph["context"]
                 for qa in paragraph["qas"]:
                     answers = tuple({"text": x["text"], "answer_start": int(x["answer_start"])} for x in qa.get("answers", []))
+                    if not answers or qa.get("is_impossible"):
+                        # SQuAD 2.0's unanswerable questions: v1.1 training would take them for a
+                        # misplaced answer and its scorer has no gold text to compare with
+                        raise DataError(f"{path}: question {qa['id']!r} has no answer; bertpipe fine-tunes SQuAD v1.1, "
+                                        "where every question has one (remove SQuAD 2.0's unanswerable questions)")
                     out.append(QAExample(qa["id"], qa["question"], context, answers, article.get("title", "")))
-        except (KeyError, TypeError) as err:
-            raise DataError(f"{path}: article {a} is malformed (missing or wrong field {err}); expected SQuAD v1.1 layout") from None
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(f"{path}: article {a} is malformed (missing or wrong field: {err}); expected SQuAD v1.1 layout") from None
     return out
 
 
@@ -125,6 +132,13 @@ class QAFeature:
     end_position: int = 0
 
 
+def _stride(max_doc: int, doc_stride: int | None) -> int:
+    """The step between window starts. Unset: the paper's 128 where a window holds more than twice
+    that (seq 384), else half a window, so that windows overlap and an answer across one window's
+    edge lies whole in the next. A stride as long as the window leaves such answers in none."""
+    return doc_stride if doc_stride is not None else max(1, min(128, max_doc // 2))
+
+
 def _windows(n: int, max_doc: int, stride: int) -> list[tuple[int, int]]:
     spans, start = [], 0
     while True:
@@ -161,7 +175,7 @@ def build_features(
     tokenizer,
     *,
     max_seq_len: int,
-    doc_stride: int,
+    doc_stride: int | None,
     max_query_length: int,
     training: bool,
 ) -> tuple[list[QAFeature], int]:
@@ -170,13 +184,14 @@ def build_features(
     questions = tokenizer.encode_batch([ex.question for ex in examples], add_special_tokens=False)
     contexts = tokenizer.encode_batch([ex.context for ex in examples], add_special_tokens=False)
     features: list[QAFeature] = []
-    skipped = 0
+    skipped = apart = 0
     for index, (ex, q_enc, c_enc) in enumerate(zip(examples, questions, contexts)):
         q_ids = q_enc.ids[:max_query_length]
         doc_ids, doc_offsets = c_enc.ids, c_enc.offsets
         max_doc = max_seq_len - len(q_ids) - 3
         if max_doc < 1:
             raise DataError(f"max_seq_len {max_seq_len} leaves no room for the context after a {len(q_ids)}-token question; raise --max-seq-len or lower --max-query-length")
+        apart += doc_stride is not None and doc_stride >= max_doc and len(doc_ids) > max_doc
         answer = None
         if training:
             a = ex.answers[0] if ex.answers else None
@@ -188,7 +203,7 @@ def build_features(
             if answer is None:
                 skipped += 1
                 continue
-        spans = _windows(len(doc_ids), max_doc, doc_stride)
+        spans = _windows(len(doc_ids), max_doc, _stride(max_doc, doc_stride))
         for w, (start, length) in enumerate(spans):
             head = [cls_id] + q_ids + [sep_id]
             ids = head + doc_ids[start : start + length] + [sep_id]
@@ -203,6 +218,10 @@ def build_features(
                     feat.start_position = a_start - start + len(head)
                     feat.end_position = a_end - start + len(head)
             features.append(feat)
+    if apart:
+        logger.warning("squad: --doc-stride %d is not shorter than the context part of a window at --max-seq-len %d for "
+                       "%d question(s): their windows do not overlap, and an answer across a window's edge is in none; "
+                       "lower --doc-stride or leave it unset", doc_stride, max_seq_len, apart)
     return features, skipped
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from launch.finetune import squad
-from launch.finetune.examples import ChoiceExample, TaggedExample, TextExample
+from launch.finetune.examples import ChoiceExample, DataError, TaggedExample, TextExample
 from launch.finetune.encoding import IGNORE, choice_features, collate, tag_features, text_features
 
 from repo_paths import DATA
@@ -50,6 +51,15 @@ def test_ner_document_context_is_unlabelled(tokenizer):
     mid = feats[1]
     assert [tokenizer.id_to_token(i) for i in mid.input_ids] == ["[CLS]", "before", "target", "after", "[SEP]"]
     assert mid.label == [IGNORE, IGNORE, 0, IGNORE, IGNORE]
+
+
+def test_ner_document_context_stops_at_a_sentence_that_does_not_fit(tokenizer):
+    # the sentence after the target is too long for the window: the right side stops there rather
+    # than reaching past it to "far", which would sit beside the target as if it were its neighbour
+    words = [("before",), ("target",), ("big",) * 12, ("far",)]
+    doc = [TaggedExample(str(i), w, ("O",) * len(w), "d") for i, w in enumerate(words)]
+    mid = tag_features(doc, tokenizer, max_seq_len=8, label_ids={"O": 0}, doc_context=True)[1]
+    assert [tokenizer.id_to_token(i) for i in mid.input_ids] == ["[CLS]", "before", "target", "[SEP]"]
 
 
 def test_choice_features_shape(tokenizer):
@@ -101,3 +111,37 @@ def test_squad_decoding_recovers_gold_answers_from_oracle_logits(tokenizer):
     scores = squad.evaluate(examples, best)
     assert scores["exact_match"] == pytest.approx(100.0)
     assert nbest[examples[0].guid][0]["probability"] > 0.5
+
+
+def test_squad_default_stride_overlaps_windows_so_every_answer_lies_in_one(tokenizer, caplog):
+    """At seq 128 a stride of 128 is the whole window: windows only touch, and answers across an edge
+    are in none. Unset, the stride is half a window there (128, the paper's, at seq 384)."""
+    examples = squad.read_squad(DATA / "squad" / "dev-v1.1-subset.json")
+
+    def unreachable(**kw):
+        feats, _ = squad.build_features(examples, tokenizer, max_seq_len=128, max_query_length=64, training=True, **kw)
+        return len(examples) - len({f.example_index for f in feats if f.start_position > 0})
+
+    with caplog.at_level("WARNING"):
+        assert unreachable(doc_stride=128) > 0
+    assert "windows do not overlap" in caplog.text
+    caplog.clear()
+    assert unreachable(doc_stride=None) == 0
+    assert "overlap" not in caplog.text
+    assert squad._stride(317, None) == 128 and squad._stride(100, None) == 50 and squad._stride(100, 70) == 70
+
+
+def test_squad_v2_unanswerable_question_is_refused_by_name(tmp_path):
+    path = tmp_path / "dev-v2.0.json"
+    qas = [{"id": "q1", "question": "Where?", "answers": [{"text": "Paris", "answer_start": 0}]},
+           {"id": "q2", "question": "Who?", "answers": [], "is_impossible": True}]
+    path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "Paris is big.", "qas": qas}]}]}))
+    with pytest.raises(DataError, match=r"dev-v2.0.json: question 'q2' has no answer; .*SQuAD v1.1"):
+        squad.read_squad(path)
+    qas[1] = {"id": "q3", "question": "Who?", "answers": [{"text": "x", "answer_start": "seven"}]}
+    path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": "Paris is big.", "qas": qas}]}]}))
+    with pytest.raises(DataError, match=r"dev-v2.0.json: article 0 is malformed .*'seven'"):
+        squad.read_squad(path)
+    path.write_bytes(b'{"data": [], "t": "caf\xe9"}')
+    with pytest.raises(DataError, match=r"dev-v2.0.json: not UTF-8"):
+        squad.read_squad(path)
