@@ -98,26 +98,44 @@ def read_delimited(
     """(header fields or None, iterator of (1-based line number, fields)) for a TSV/CSV file.
 
     GLUE's TSVs are read unquoted (quotes are text there, as in the GLUE reference code); CSVs
-    (SWAG, user data) are read with standard quoting. Blank lines are skipped.
+    (SWAG, user data) are read with standard quoting. Blank lines are skipped. A record's line is
+    the one it starts on; records over several lines (a quoted line break, or an unclosed quote that
+    swallows the lines after it) are counted and reported when the file is done.
     """
     f = open(path, encoding="utf-8-sig", newline="")
     reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
     head: list[str] | None = None
     if header:
         try:
-            head = next(reader)
+            head = next(_utf8(reader, path, f))
         except StopIteration:
             f.close()
             raise DataError(f"{path}: the file is empty; expected a header line") from None
 
     def rows() -> Iterator[tuple[int, list[str]]]:
+        spans: list[tuple[int, int]] = []
         with f:
-            for fields in reader:
-                if not fields or (len(fields) == 1 and not fields[0].strip()):
-                    continue
-                yield reader.line_num, fields
+            start = reader.line_num + 1
+            for fields in _utf8(reader, path, f):
+                if reader.line_num > start:
+                    spans.append((start, reader.line_num))
+                if fields and not (len(fields) == 1 and not fields[0].strip()):
+                    yield start, fields
+                start = reader.line_num + 1
+        if spans:
+            logger.warning("%s: %d record(s) run over several lines (a quoted line break, or an unclosed quote that "
+                           "joins the lines after it), e.g. lines %d-%d", path, len(spans), *spans[0])
 
     return head, rows()
+
+
+def _utf8(reader, path: Path, f) -> Iterator[list[str]]:
+    """The reader's records; a byte that is not UTF-8 stops the run naming the file and line."""
+    try:
+        yield from reader
+    except UnicodeDecodeError as err:
+        f.close()
+        raise DataError(f"{path}: not UTF-8 text ({err.reason}, after line {reader.line_num}); save it as UTF-8") from None
 
 
 def column_index(header: Sequence[str], name: str, path: Path) -> int:

@@ -3,7 +3,8 @@
 DIR holds `train.<ext>` and `dev.<ext>` (or `validation.<ext>`), optionally `test.<ext>`, with ext one
 of csv / tsv / jsonl. Columns are named by the user (`--text-column`, `--text-pair-column`,
 `--label-column`). For `tag`, a JSONL row holds lists (words and tags); a CSV/TSV row holds
-space-separated words and tags of equal count.
+space-separated words and tags of equal count. CSV is read with standard quoting; TSV, as GLUE's,
+without (a quote is text there, so one stray quote cannot swallow the lines after it).
 """
 
 from __future__ import annotations
@@ -49,6 +50,22 @@ def find_split_file(data_dir: Path, split: str, *, required: bool) -> Path | Non
 def _records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line, {column: value}) for each row, with every wanted column present (else malformed)."""
     if path.suffix == ".jsonl":
+        yield from _jsonl_records(path, wanted, skips)
+        return
+    tsv = path.suffix == ".tsv"
+    header, rows = read_delimited(path, "\t" if tsv else ",", header=True, quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+    assert header is not None
+    index = {c: column_index(header, c, path) for c in wanted}
+    for line_no, fields in rows:
+        if len(fields) != len(header):
+            skips.malformed(path, line_no, f"expected {len(header)} fields, got {len(fields)}")
+            continue
+        yield line_no, {c: fields[i] for c, i in index.items()}
+
+
+def _jsonl_records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterator[tuple[int, dict[str, Any]]]:
+    line_no = 0
+    try:
         with open(path, encoding="utf-8") as f:
             for line_no, line in enumerate(f, 1):
                 if not line.strip():
@@ -65,16 +82,14 @@ def _records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterator[tupl
                 if missing:
                     skips.malformed(path, line_no, f"missing key(s) {missing}")
                     continue
+                # null, objects: not text (str() would turn null into the text "None")
+                bad = [c for c in wanted if row[c] is None or isinstance(row[c], dict)]
+                if bad:
+                    skips.malformed(path, line_no, f"key(s) {bad} hold {json.dumps(row[bad[0]])}, not text")
+                    continue
                 yield line_no, row
-        return
-    header, rows = read_delimited(path, "\t" if path.suffix == ".tsv" else ",", header=True, quoting=csv.QUOTE_MINIMAL)
-    assert header is not None
-    index = {c: column_index(header, c, path) for c in wanted}
-    for line_no, fields in rows:
-        if len(fields) != len(header):
-            skips.malformed(path, line_no, f"expected {len(header)} fields, got {len(fields)}")
-            continue
-        yield line_no, {c: fields[i] for c, i in index.items()}
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason}, after line {line_no}); save it as UTF-8") from None
 
 
 def read_text_split(
@@ -84,6 +99,10 @@ def read_text_split(
     wanted = [cols.text] + ([cols.text_pair] if cols.text_pair else []) + ([cols.label] if labelled else [])
     out: list[tuple[int, TextExample]] = []
     for line, row in _records(path, wanted, skips):
+        lists = [c for c in wanted if isinstance(row[c], list)]
+        if lists:
+            skips.malformed(path, line, f"key(s) {lists} hold a list, not text")
+            continue
         label: str | float | None = None
         if labelled:
             raw = row[cols.label]

@@ -169,3 +169,46 @@ def test_user_regress_needs_numbers(tmp_path):
     rows = userdata.read_text_split(tmp_path / "dev.tsv", userdata.Columns(label="score"), labelled=True,
                                     regression=True, skips=SkipCounter())
     assert rows[0][1].label == 2.0
+
+
+def test_user_tsv_stray_quote_is_text_and_csv_one_names_its_first_line(tmp_path, caplog):
+    rows = [f"review {i}\t{i % 2}" for i in range(100)]
+    rows[2] = '"unbalanced quote starts review 2\t0'
+    (tmp_path / "train.tsv").write_text("text\tlabel\n" + "\n".join(rows) + "\n")
+    (tmp_path / "dev.tsv").write_text('text\tlabel\n"Quoted" title and more\t1\n')
+    data = load("classify", tmp_path)
+    assert len(data.train) == 100 and data.train[2].text_a == '"unbalanced quote starts review 2'
+    assert data.evals[0].examples[0].text_a == '"Quoted" title and more'
+    # in a CSV the quote opens a field that swallows the rest of the file: stopped at the line it starts on
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    (csv_dir / "train.csv").write_text("text,label\n" + "\n".join(r.replace("\t", ",") for r in rows) + "\n")
+    (csv_dir / "dev.csv").write_text("text,label\nok,1\n")
+    with pytest.raises(DataError, match=r"train.csv:4: expected 2 fields, got 1"):
+        load("classify", csv_dir)
+    with caplog.at_level("WARNING"):
+        data = load("classify", csv_dir, skip_malformed=True)
+    assert len(data.train) == 2
+    assert "train.csv: 1 record(s) run over several lines" in caplog.text and "lines 4-101" in caplog.text
+
+
+def test_user_jsonl_null_and_list_values_are_malformed_not_text(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"text": "fine", "label": "a"}\n{"text": null, "label": "b"}\n'
+                                          '{"text": ["x", "y"], "label": "b"}\n{"text": "ok", "label": null}\n')
+    (tmp_path / "dev.jsonl").write_text('{"text": "fine", "label": "a"}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:2: key\(s\) \['text'\] hold null, not text"):
+        load("classify", tmp_path)
+    skips = SkipCounter(allow=True)
+    rows = userdata.read_text_split(tmp_path / "train.jsonl", userdata.Columns(), labelled=True, regression=False,
+                                    skips=skips)
+    assert [ex.text_a for _, ex in rows] == ["fine"] and skips.count == 3
+
+
+def test_files_that_are_not_utf8_are_named(tmp_path):
+    (tmp_path / "train.txt").write_bytes(b"EU NNP B-NP B-ORG\nCaf\xe9 NNP B-NP B-LOC\n")
+    with pytest.raises(DataError, match=r"train.txt: not UTF-8 text .*save it as UTF-8"):
+        conll.read_conll(tmp_path / "train.txt")
+    (tmp_path / "train.tsv").write_bytes(b"text\tlabel\ncaf\xe9\t1\n")
+    with pytest.raises(DataError, match=r"train.tsv: not UTF-8 text"):
+        userdata.read_text_split(tmp_path / "train.tsv", userdata.Columns(), labelled=True, regression=False,
+                                 skips=SkipCounter())
