@@ -63,7 +63,7 @@ class FinetuneConfig:
     seed: int = 42  # random seed of the head's init and the data order
     max_seq_len: int = 128  # maximum tokens per input
     max_train_samples: int | None = None  # train on a fixed random subset of N examples (the same for every seed)
-    max_eval_samples: int | None = None  # evaluate on a fixed random subset of N examples
+    max_eval_samples: int | None = None  # evaluate on a fixed random subset of N labelled examples (test files are predicted whole)
     skip_malformed: bool = False  # count and skip malformed lines instead of stopping at the first
     group_by_length: bool | None = None  # batch similar lengths together (faster); null: yes, except token tasks (NER)
     text_column: str = "text"  # classify/regress/tag: column with the text

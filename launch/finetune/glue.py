@@ -131,6 +131,9 @@ def read_split(spec: GlueSpec, data_dir: Path, split: str, *, skip_malformed: bo
         out = read_glue_file(spec, base / split, labelled=False, skips=skips)
     else:
         raise DataError(f"{spec.name} has no split {split!r}")
+    if split in spec.test_files and skips.count:
+        raise DataError(f"{base / split}: {skips.count} malformed line(s), e.g. {skips.where[0]}; the GLUE server takes "
+                        "a submission only with a prediction for every test line: fix them")
     skips.log(f"{spec.dir_name} {split}")
     return out
 

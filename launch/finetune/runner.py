@@ -118,9 +118,11 @@ class Finetuner:
         self.data: TaskData = self.task.load(data_dir, cfg)
         self.data.train = _subset(self.data.train, cfg.max_train_samples)
         for split in self.data.evals:
-            split.examples = _subset(split.examples, cfg.max_eval_samples)
-        if not self.data.train:
-            raise DataError(f"{self.task.name}: the training split is empty")
+            if split.labelled:  # unlabelled (test) splits are predicted whole: a submission needs every row
+                split.examples = _subset(split.examples, cfg.max_eval_samples)
+        for name, examples in [("training", self.data.train)] + [(s.name, s.examples) for s in self.data.evals]:
+            if not examples:  # else the run trains, then fails scoring nothing
+                raise DataError(f"{self.task.name}: the {name} split in {data_dir} holds no examples")
         t0 = time.perf_counter()
         self.train_feats = self.task.featurize(self.data.train, self.tokenizer, cfg, self.data, training=True)
         self.eval_feats = [self.task.featurize(s.examples, self.tokenizer, cfg, self.data, training=False)

@@ -186,3 +186,43 @@ def test_unpad_runs_the_same_model_on_fewer_tokens(tiny_checkpoint, tmp_path, ta
                           for f, row in zip(ft.eval_feats[0], ft.predict(ft.eval_feats[0]))]
     for a, b in zip(outputs[True], outputs[False]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _sst2_copy(tmp_path: Path, dev_rows: int, test_lines: list[str] | None = None) -> Path:
+    src = (GLUE / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines(True)
+    d = tmp_path / "SST-2"
+    d.mkdir(parents=True)
+    (d / "train.tsv").write_text("".join(src[:41]), encoding="utf-8")
+    (d / "dev.tsv").write_text("".join(src[:1] + src[41 : 41 + dev_rows]), encoding="utf-8")
+    if test_lines is not None:
+        (d / "test.tsv").write_text("index\tsentence\n" + "".join(f"{line}\n" for line in test_lines), encoding="utf-8")
+    return tmp_path
+
+
+def test_empty_dev_split_is_refused_before_training(tiny_checkpoint, tmp_path):
+    from dataclasses import replace
+
+    from launch.finetune.examples import DataError
+
+    cfg = replace(_cfg(tiny_checkpoint, tmp_path / "o", 1), data_dir=str(_sst2_copy(tmp_path, 0)))
+    with pytest.raises(DataError, match=r"sst2: the dev split in .* holds no examples"):
+        Finetuner(cfg).prepare()
+
+
+def test_test_file_is_predicted_whole_and_a_malformed_test_line_refused(tiny_checkpoint, tmp_path):
+    from dataclasses import replace
+
+    from launch.finetune.examples import DataError
+
+    lines = [f"{i}\ta film numbered {i} ." for i in range(50)]
+    cfg = replace(_cfg(tiny_checkpoint, tmp_path / "o", 1), data_dir=str(_sst2_copy(tmp_path / "ok", 10, lines)),
+                  max_eval_samples=4)
+    Finetuner(cfg).run()
+    submission = (tmp_path / "o" / "submission" / "SST-2.tsv").read_text().splitlines()
+    assert len(submission) == 51  # --max-eval-samples cut the dev split, never the test file
+    assert json.loads((tmp_path / "o" / "metrics.json").read_text())["eval_examples"] == 4
+    lines[7] = "7"
+    cfg = replace(cfg, data_dir=str(_sst2_copy(tmp_path / "bad", 10, lines)), skip_malformed=True,
+                  out=str(tmp_path / "o2"))
+    with pytest.raises(DataError, match=r"test.tsv: 1 malformed line\(s\), e.g. test.tsv:9 .*every test line"):
+        Finetuner(cfg).prepare()
