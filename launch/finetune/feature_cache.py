@@ -99,6 +99,7 @@ class SplitKey:
     task: str
     split: str
     max_seq_len: int
+    precision: str  # "bf16" (autocast, CUDA) or "fp32": the activations differ, so do their folders
 
     @property
     def digest(self) -> str:

@@ -223,6 +223,9 @@ class ConllTask(_TagTask):
         return TaskData(train, evals, conll.LABELS)
 
 
+ENTITY_PREFIXES = ("B-", "I-", "E-", "S-", "L-", "U-")  # IOB1/IOB2/IOE/IOBES/BILOU, as seqeval reads them
+
+
 class UserTagTask(_TagTask):
     name = "tag"
 
@@ -235,6 +238,10 @@ class UserTagTask(_TagTask):
         if not train:
             raise DataError(f"{paths['train']}: no examples")
         tags = sorted({t for _, ex in train for t in ex.tags})
+        plain = [t for t in tags if t != "O" and not (t[:2] in ENTITY_PREFIXES and len(t) > 2)]
+        if plain:  # seqeval would cut them into made-up entities and score those
+            raise DataError(f"{paths['train']}: tag scores entities, so tags are O or B-/I-/E-/S- and a type "
+                            f"(B-PER, I-PER); {plain[:5]} are not; per-token classes such as POS tags are not supported")
         labels = tuple(["O"] + [t for t in tags if t != "O"]) if "O" in tags else tuple(tags)
         userdata.check_tags(dev, labels, paths["dev"])
         evals = [Split("dev", [ex for _, ex in dev], True)]

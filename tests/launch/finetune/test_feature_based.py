@@ -127,3 +127,16 @@ def test_frozen_encoder_gives_the_full_forward_hidden_states(tiny_checkpoint, to
             expected = torch.cat([full[k][r, : len(f.input_ids)] for r, f in enumerate(feats)])
             torch.testing.assert_close(got[k].float(), expected, atol=2e-3, rtol=2e-3)  # stored as fp16
     assert encoder.stats.encoder_batches == 4 and len(encoder.model.encoder.layers) == 2  # restored
+
+
+def test_cache_folder_depends_on_what_the_activations_depend_on():
+    from dataclasses import fields, replace
+
+    from launch.finetune.feature_cache import SplitKey
+
+    key = SplitKey("ckpt", "data", "conll2003", "dev", 128, "fp32")
+    # bf16 activations (autocast on CUDA) must not be handed to a later fp32 run, nor any other change
+    other = {"checkpoint": "ckpt2", "data": "data2", "task": "tag", "split": "train", "max_seq_len": 64,
+             "precision": "bf16"}
+    assert {f.name for f in fields(SplitKey)} == set(other)
+    assert len({key.digest} | {replace(key, **{k: v}).digest for k, v in other.items()}) == 1 + len(other)

@@ -212,3 +212,14 @@ def test_files_that_are_not_utf8_are_named(tmp_path):
     with pytest.raises(DataError, match=r"train.tsv: not UTF-8 text"):
         userdata.read_text_split(tmp_path / "train.tsv", userdata.Columns(), labelled=True, regression=False,
                                  skips=SkipCounter())
+
+
+def test_user_tag_refuses_tags_that_are_not_entity_tags(tmp_path):
+    """Entity F1 over POS-style tags would score made-up chunks (gold NN NN VB vs NN VB VB: F1 0, accuracy 0.67)."""
+    (tmp_path / "train.jsonl").write_text('{"text": ["dogs", "bark"], "label": ["NNS", "VBP"]}\n')
+    (tmp_path / "dev.jsonl").write_text('{"text": ["cats", "sleep"], "label": ["NNS", "VBP"]}\n')
+    with pytest.raises(DataError, match=r"train.jsonl: tag scores entities.*\['NNS', 'VBP'\] are not"):
+        load("tag", tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"text": ["Ann", "Lee", "met", "Bo"], "label": ["B-PER", "E-PER", "O", "S-PER"]}\n')
+    (tmp_path / "dev.jsonl").write_text('{"text": ["Bo", "sings"], "label": ["S-PER", "O"]}\n')
+    assert load("tag", tmp_path).labels == ("O", "B-PER", "E-PER", "S-PER")
