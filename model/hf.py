@@ -71,6 +71,7 @@ _HEAD_MAP = {  # HF (no prefix) -> ours (top level of the head model)
     "qa_outputs": "qa_outputs",
 }
 # HF tensors that carry no information of their own: buffers and tied copies.
+UNTIED_DECODER = "cls.predictions.decoder.weight"
 _REDUNDANT = re.compile(r"(^|\.)(position_ids|cls\.predictions\.decoder\.(weight|bias))$")
 _LAYER_RE = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
 
@@ -147,12 +148,14 @@ def hf_to_ours(hf_state: dict[str, torch.Tensor], config: BertConfig) -> tuple[d
     ours: dict[str, torch.Tensor] = {}
     ignored: list[str] = []
     qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    decoder_bias = None
+    decoder_bias = decoder_weight = None
     for name, tensor in hf_state.items():
         key = name[len("bert."):] if name.startswith("bert.") else name
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         if key == "cls.predictions.decoder.bias":
             decoder_bias = tensor  # tied to cls.predictions.bias; some saves keep only this name
+        if key == "cls.predictions.decoder.weight":
+            decoder_weight = tensor  # a copy of the word embeddings, unless the checkpoint untied them
         if _REDUNDANT.search(key):
             continue
         m = _LAYER_RE.match(key)
@@ -176,6 +179,11 @@ def hf_to_ours(hf_state: dict[str, torch.Tensor], config: BertConfig) -> tuple[d
             ignored.append(name)
     if "mlm.bias" not in ours and decoder_bias is not None:
         ours["mlm.bias"] = decoder_bias
+    word = ours.get("bert.embeddings.word.weight")
+    if decoder_weight is not None and word is not None:
+        n = min(len(word), len(decoder_weight))
+        if decoder_weight.shape[1:] != word.shape[1:] or not torch.equal(decoder_weight[:n], word[:n]):
+            ignored.append(UNTIED_DECODER)  # our MLM head is tied: `load_pretrained` refuses it there
     for (layer, kind), parts in sorted(qkv.items()):
         if set(parts) != {"query", "key", "value"}:
             raise ValueError(f"layer {layer} attention {kind} is incomplete in the checkpoint: has {sorted(parts)}")
@@ -217,7 +225,9 @@ def ours_to_hf(state: dict[str, torch.Tensor], config: BertConfig, prefix: str =
 # ---------------------------------------------------------------------------------------- files
 
 
-_UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+# torch words a refused global as "GLOBAL m.f was not an allowed global" or, for modules it blocks
+# outright (os, subprocess), "unsupported GLOBAL posix.system whose module posix is blocked".
+_UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) (?:was not an allowed global|whose module \S+ is blocked)")
 
 
 def _refusal(path: Path, globals_: list[str]) -> ValueError:
@@ -369,6 +379,7 @@ def load_pretrained(model_cls: type[M], path: str | Path, config_overrides: dict
             else:
                 dest.copy_(src)
     report.unexpected_keys += list(ours)  # state_dict() tensors share storage: the copies above are in place
+    _refuse_lost_weights(report, model_has_mlm="mlm.bias" in target)
     if report.missing_keys or report.mismatched_keys:
         logger.info("%s: initialised %s (not in the checkpoint or shape differs)", path, ", ".join(report.initialized_heads))
     if report.unexpected_keys:
@@ -376,6 +387,22 @@ def load_pretrained(model_cls: type[M], path: str | Path, config_overrides: dict
     if report.vocab_trimmed_from:
         logger.info("%s: trimmed embeddings from %d rows to the %d-token vocabulary", path, report.vocab_trimmed_from, vocab_size)
     return model, report
+
+
+def _refuse_lost_weights(report: LoadReport, *, model_has_mlm: bool) -> None:
+    """Only task heads (and the pooler, which some checkpoints drop) may start from a fresh draw: an
+    encoder tensor missing from the file, or an MLM decoder we cannot tie, would train a different model."""
+    encoder = [k for k in report.missing_keys
+               if k.startswith(("bert.", "embeddings.", "encoder.")) and ".pooler." not in f".{k}"]
+    if encoder:
+        raise ValueError(f"{report.source} lacks encoder weights ({', '.join(encoder[:3])}"
+                         f"{', ...' if len(encoder) > 3 else ''}): they would start random; use a complete BERT checkpoint")
+    if model_has_mlm and UNTIED_DECODER in report.unexpected_keys:
+        raise ValueError(f"{report.source}: {UNTIED_DECODER} differs from the word embeddings; bertpipe's MLM head is "
+                         "tied to them, as BERT's, so this checkpoint's MLM head cannot be loaded (fine-tuning it works)")
+    pooler = [k for k in report.missing_keys if ".pooler." in f".{k}"]
+    if pooler:
+        logger.warning("%s has no pooler weights: the pooler starts from a fresh draw", report.source)
 
 
 def save_pretrained(model: nn.Module, path: str | Path, vocab_file: str | Path | None = None,

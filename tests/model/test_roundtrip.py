@@ -172,3 +172,42 @@ def test_sharded_safetensors_checkpoint_loads(tmp_path):
     with torch.no_grad():
         a, b = ours.eval()(ids, types, mask), hf(input_ids=ids, token_type_ids=types, attention_mask=mask)
     assert (a.nsp_logits - b.seq_relationship_logits).abs().max() < 1e-5
+
+
+def _hf_tiny(tmp_path, **config):
+    torch.manual_seed(5)
+    hf_config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=256, **config)
+    return transformers.BertForPreTraining(hf_config).eval()
+
+
+def test_a_missing_encoder_tensor_is_refused_not_drawn_at_random(tmp_path):
+    from safetensors.torch import save_file
+
+    _hf_tiny(tmp_path).save_pretrained(str(tmp_path))
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["bert.encoder.layer.1.output.dense.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    for cls, kw in ((BertForPreTraining, {}), (BertForSequenceClassification, {"num_labels": 2})):
+        with pytest.raises(ValueError, match=r"model.safetensors lacks encoder weights \(bert.encoder.layers.1.ffn"):
+            load_pretrained(cls, tmp_path, **kw)
+    # the pooler may be absent (some checkpoints drop it): it starts fresh, with a warning
+    _hf_tiny(tmp_path).save_pretrained(str(tmp_path))
+    tensors = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if ".pooler." not in k}
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    _, report = load_pretrained(BertForSequenceClassification, tmp_path, num_labels=2)
+    assert "bert.pooler.dense.weight" in report.missing_keys
+
+
+def test_an_untied_mlm_decoder_is_refused_for_pre_training_and_ignored_for_fine_tuning(tmp_path):
+    hf = _hf_tiny(tmp_path, tie_word_embeddings=False)
+    with torch.no_grad():
+        hf.cls.predictions.decoder.weight.add_(1.0)
+    hf.save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match=r"cls.predictions.decoder.weight differs from the word embeddings"):
+        load_pretrained(BertForPreTraining, tmp_path)
+    _, report = load_pretrained(BertForSequenceClassification, tmp_path, num_labels=2)
+    assert "cls.predictions.decoder.weight" in report.unexpected_keys
+    _hf_tiny(tmp_path).save_pretrained(str(tmp_path))  # tied: loads with nothing left over
+    _, report = load_pretrained(BertForPreTraining, tmp_path)
+    assert not report.missing_keys and not report.unexpected_keys

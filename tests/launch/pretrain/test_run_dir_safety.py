@@ -285,3 +285,18 @@ def test_pretrain_out_never_writes_over_what_bertpipe_did_not_write(small_corpus
     shutil.rmtree(ours / "checkpoints")
     done = bertpipe("pretrain", "--data", small_corpus, "--out", ours, *TRAIN, "--max-steps", "2")
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_pickle_naming_a_blocked_module_is_refused_naming_it(tmp_path):
+    """torch words os/subprocess globals differently ("whose module posix is blocked"): the refusal still
+    names the global and says why, rather than echoing torch's advice to set weights_only=False."""
+    import os
+
+    from model.hf import check_torch_file, load_torch_file
+
+    path = tmp_path / "optim_states.pt"
+    torch.save({"hook": os.system}, path)
+    for check in (check_torch_file, load_torch_file):
+        with pytest.raises(ValueError, match=rf"optim_states.pt: refused to load: it references {os.system.__module__}.system, "
+                                             r"which is not a tensor .*could run code"):
+            check(path)
