@@ -20,9 +20,10 @@ import torch
 import torch.distributed as dist
 
 from launch.config import save_config, to_dict
-from launch.checkpoint_dirs import RUN_FILES, RUN_MARKER, is_run_dir, read_meta, resolve_checkpoint, select_checkpoint
+from launch.checkpoint_dirs import RUN_FILES, RUN_MARKER, is_run_dir, read_meta, select_checkpoint
 from launch.pretrain.checkpoints import convert_to_universal, load_rng, on_rank0, save as save_checkpoint
 from launch.pretrain.hf_export import safe_deepspeed_loads
+from launch.pretrain.init_from import load_init_from
 from launch.pretrain.pretrain_config import PretrainConfig, validate
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
 from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile_blocks, compile_enabled, to_device
@@ -32,14 +33,15 @@ from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_opt
 from launch.pretrain.schedule import build_scheduler
 from pipeline.corpus_info import CorpusInfo, open_corpus
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
-from pipeline.manifest import sha256_file, verify_shards
+from pipeline.manifest import verify_shards
 from pipeline.masking import derive_seed
 from pipeline.output_lock import mark_output, refuse_others_files
 
 log = logging.getLogger(__name__)
 
 # Settings a resumed run must share with the checkpoint, or the sample sequence / model differ.
-_RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_masking", "model", "optim.name")
+_RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_masking", "model", "optim.name",
+                      "zero.stage", "precision.dtype")  # the last two: DeepSpeed's state files differ
 
 
 def init_distributed() -> None:
@@ -143,7 +145,7 @@ class Trainer:
         meta = self._resume_meta()
         torch.manual_seed(cfg.seed)  # identical init on every rank
         if cfg.checkpoint.init_from and meta is None:
-            model = self._init_from(cfg.checkpoint.init_from, bert_cfg)
+            model = load_init_from(cfg.checkpoint.init_from, bert_cfg, self.vocab_file)
         else:
             model = BertForPreTraining(bert_cfg)
         self.bert_config = model.config
@@ -164,9 +166,6 @@ class Trainer:
         self.ds_config = ds
         if self.rank == 0:
             mark_output(self.run_dir, RUN_MARKER, "pretrain")
-            save_config(cfg, self.run_dir / "config.yaml")
-            write_deepspeed_config(ds, self.run_dir / "ds_config.json")
-            (self.run_dir / "vocab.txt").write_bytes(self.vocab_file.read_bytes())
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, config=ds,
             lr_scheduler=lambda opt: build_scheduler(opt, cfg.schedule),
@@ -183,6 +182,10 @@ class Trainer:
 
         if meta is not None:
             self._load(meta)
+        if self.rank == 0:  # after a resume loaded: a refused one leaves the run's own config in place
+            save_config(cfg, self.run_dir / "config.yaml")
+            write_deepspeed_config(ds, self.run_dir / "ds_config.json")
+            (self.run_dir / "vocab.txt").write_bytes(self.vocab_file.read_bytes())
         self.train_split = ShardedSplit(corpus, "train")
         self.heldout = ShardedSplit(corpus, "heldout")
         self.loader = PretrainLoader(
@@ -241,22 +244,6 @@ class Trainer:
                 # ZeRO partitions depend on the world size: go through DeepSpeed's universal format.
                 meta["tag"] = on_rank0(lambda: convert_to_universal(self.ckpt_dir, tag))
         return meta
-
-    def _init_from(self, path: str, bert_cfg: Any) -> torch.nn.Module:
-        """Phase 2: weights from a phase-1 run (or HF dir); optimizer, schedule and loader start fresh."""
-        from model import BertForPreTraining, load_pretrained
-
-        # A RUN dir is verified and exported on first use by rank 0 alone (concurrent exports of the
-        # same folder would replace each other under the readers' feet); every rank reads the result.
-        hf_dir = on_rank0(lambda: resolve_checkpoint(Path(path)))
-        if sha256_file(hf_dir / "vocab.txt") != sha256_file(self.vocab_file):
-            raise ValueError(f"{hf_dir / 'vocab.txt'} differs from the corpus vocabulary {self.vocab_file}; "
-                             f"phase 2 must use the phase-1 vocabulary")
-        model, report = load_pretrained(BertForPreTraining, hf_dir, config_overrides=dict(self.cfg.model.fields))
-        if report.missing_keys:
-            raise ValueError(f"{hf_dir} lacks {', '.join(report.missing_keys[:5])}; init_from needs a pre-training checkpoint")
-        log.info("initialised from %s", hf_dir)
-        return model
 
     def _load(self, meta: dict[str, Any]) -> None:
         tag = meta["tag"]
@@ -325,6 +312,8 @@ class Trainer:
             return host, sample_ids, lr, False
         self.skipper.in_a_row = 0
         self.engine.step()
+        if not self.engine.was_step_applied():  # an fp16 overflow: DeepSpeed lowered the loss scale and
+            return host, sample_ids, lr, False  # skipped the update and the lr step; so does our count
         self.step += 1
         return host, sample_ids, lr, True
 

@@ -223,6 +223,31 @@ def test_metadata_that_does_not_parse_names_its_file(run, tmp_path):
     assert json.loads((tmp_path / "hf" / "bertpipe_export.json").read_text())["tag"] == f"global_step{STEPS - 2}"
 
 
+@pytest.mark.slow
+def test_resume_refuses_another_zero_stage_or_dtype_in_one_line_leaving_the_config(run, small_corpus, tmp_path):
+    """DeepSpeed's state files differ per ZeRO stage and dtype: a changed one used to fail inside
+    DeepSpeed (a bare AssertionError, a missing bf16_zero_* file) after config.yaml was rewritten."""
+    out = copy_run(run, tmp_path / "run")
+    config = (out / "config.yaml").read_bytes()
+    train = [a if a != "2" or TRAIN[i - 1] != "--zero.stage" else "3" for i, a in enumerate(TRAIN)]
+    for flags, key in ((train, "zero.stage"), ([*TRAIN, "--precision.dtype", "bf16"], "precision.dtype")):
+        done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "1", *flags, "--resume")
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert f"{key} differs from the checkpoint's" in done.stderr.strip().splitlines()[-1]
+        assert (out / "config.yaml").read_bytes() == config
+
+
+@pytest.mark.slow
+def test_init_from_refuses_a_checkpoint_of_another_architecture(run, small_corpus, tmp_path):
+    """The run's config is the model's one description, so a resume rebuilds exactly what was trained:
+    a phase-1 run of another shape is refused, not trained under the wrong name."""
+    flags = [*TRAIN[:TRAIN.index("--max-steps")], "--max-steps", "1", "--checkpoint.init-from", run]
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", tmp_path / "p2", *flags, "--model.preset", "mini")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "is not the model this config describes (hidden_size 64 there, 256 here" in last, last
+
+
 # ---- export --out --------------------------------------------------------------------------------
 
 
