@@ -147,8 +147,27 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"override {item!r} conflicts with another override of {part!r}")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ValueError(f"override {item!r}: {raw!r} is not a YAML value: {yaml_problem(err, where=False)}; "
+                             f"fix it, or quote it if it is text") from None
     return tree
+
+
+def yaml_problem(err: yaml.YAMLError, *, where: bool = True) -> str:
+    """One line from a PyYAML error (its str() is a multi-line excerpt): what is wrong and, when
+    `where`, at which line and column of the file."""
+    problem = getattr(err, "problem", None)
+    if not problem:
+        return " ".join(str(err).split())
+    text = problem
+    if err.context:
+        started = f" started at line {err.context_mark.line + 1}" if where and err.context_mark else ""
+        text += f" ({err.context}{started})"
+    if where and err.problem_mark:
+        text = f"line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1}: {text}"
+    return text
 
 
 def resolve_preset(name_or_path: str | Path) -> Path:
@@ -166,10 +185,16 @@ def resolve_preset(name_or_path: str | Path) -> Path:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {path} is not valid YAML: {yaml_problem(err)}; fix the YAML there") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path} is not UTF-8 text; save it as UTF-8") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
+        # Not `{path}: ...`: a relative path like `c.yaml` would read as a config key.
+        raise ValueError(f"config file {path}: expected a mapping of config keys at the top level")
     data.pop("defaults", None)  # reserved for future preset inheritance; harmless
     return data
 

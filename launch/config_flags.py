@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 
 import yaml
 
-from launch.config import from_dict, load_yaml, merge, parse_overrides, resolve_preset
+from launch.config import from_dict, load_yaml, merge, parse_overrides, resolve_preset, yaml_problem
 from launch.errors import CliError
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,11 @@ def _default_of(f: dataclasses.Field) -> Any:
 
 
 def _yaml_value(text: str) -> Any:
-    return yaml.safe_load(text) if text.strip() else ""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError as err:  # argparse prints it as `argument --x: ...`
+        raise argparse.ArgumentTypeError(f"{text!r} is not a YAML value: {yaml_problem(err, where=False)}; "
+                                         f"fix it, or quote it if it is text") from None
 
 
 def _bool_value(text: str) -> bool:
@@ -114,6 +118,11 @@ def _mapping_item(text: str) -> tuple[str, Any]:
 
 def _flag_of(path: tuple[str, ...]) -> str:
     return "--" + ".".join(part.replace("_", "-") for part in path)
+
+
+def flag_of(key: str) -> str:
+    """The flag of a dotted config key, as users type it: `log.log_every` -> `--log.log-every`."""
+    return _flag_of(tuple(key.split(".")))
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: dict[str, str] | None = None,
@@ -231,6 +240,8 @@ def config_from_args(args: argparse.Namespace, cls: type, *, legacy: Sequence[st
         return from_dict(cls, data)
     except (OSError, ValueError) as err:
         raise CliError(_flagged(str(err))) from None
+    except yaml.YAMLError as err:  # load_yaml and parse_overrides name their source; this is a last resort
+        raise CliError(f"cannot read the configuration: {yaml_problem(err)}") from None
 
 
 def _flagged(message: str) -> str:

@@ -11,8 +11,14 @@ what lets a run resume at another data-parallel size on the same sample sequence
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from operator import attrgetter
+from typing import Any, Callable, Literal, Optional
+
+from launch.config import coerce_field
+from launch.config_flags import flag_of
 
 
 @dataclass
@@ -161,11 +167,105 @@ class PretrainConfig:
     log: LogSection = field(default_factory=LogSection)
 
 
+def _count(low: int) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v >= low), f"at least {low}"
+
+
+def _real(low: float, high: float = math.inf, *, open_low: bool = False, open_high: bool = False,
+          what: str = "") -> tuple[Callable[[Any], bool], str]:
+    """A finite number in [low, high] (`open_*`: that end excluded); NaN and infinities never pass."""
+    def ok(v: Any) -> bool:
+        return math.isfinite(v) and (v > low if open_low else v >= low) and (v < high if open_high else v <= high)
+    if high == math.inf:
+        shown = f"a finite number {'>' if open_low else '>='} {low:g}"
+    else:
+        shown = f"in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+    return ok, shown + what
+
+
+def _or_null(check: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v is None or check[0](v)), f"null or {check[1]}"
+
+
+_SEED = ((lambda v: 0 <= v < 2**64), "an integer in [0, 2**64)")  # what torch.manual_seed takes
+
+# Every numeric field (but zero.stage, checked below) and the values the code can use.
+_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "seed": _SEED,
+    "model.vocab_size": _or_null(_count(1)),
+    "data.seed": _SEED,
+    "data.micro_batch_size": _count(1),
+    "data.global_batch_size": _count(1),
+    "data.prefetch": (lambda v: v >= 0, "0 (no prefetch) or more"),
+    "optim.lr": _real(0, open_low=True),
+    "optim.beta1": _real(0, 1, open_high=True),
+    "optim.beta2": _real(0, 1, open_high=True),
+    "optim.eps": _real(0, open_low=True),  # 0 divides by zero for a parameter with no gradient yet
+    "optim.weight_decay": _real(0),
+    "optim.max_grad_norm": _real(0, what=" (0 = no clipping)"),
+    "schedule.total_steps": _count(1),
+    "schedule.warmup_steps": (lambda v: v is None or v >= 0, "null (use warmup_ratio) or 0 or more"),
+    "schedule.warmup_ratio": _real(0, 1),
+    "schedule.power": _real(0, open_low=True),  # a negative power divides by zero at the last step
+    "schedule.min_lr_ratio": _real(0, 1),
+    "zero.reduce_bucket_size": _count(1),
+    "zero.allgather_bucket_size": _count(1),
+    "zero.stage3_prefetch_bucket_size": _count(1),
+    "zero.stage3_param_persistence_threshold": _count(0),
+    "precision.loss_scale": _real(0, what=" (0 = dynamic)"),
+    "precision.initial_scale_power": ((lambda v: 0 <= v <= 64), "an integer in [0, 64]"),
+    "precision.loss_scale_window": _count(1),
+    "precision.min_loss_scale": _real(0, open_low=True),
+    "checkpoint.save_every": (lambda v: v >= 0, "0 (only at the end) or more"),
+    "checkpoint.keep_last": _count(1),
+    "log.log_every": _count(1),
+    "log.eval_every": (lambda v: v >= 0, "0 (off) or more"),
+    "log.eval_samples": _count(1),
+    "log.peak_tflops": _or_null(_real(0, open_low=True)),
+    "log.max_nonfinite_steps": _count(1),
+}
+
+
+def model_fields(model: ModelSection) -> dict[str, Any]:
+    """`model.fields` typed as `BertConfig` takes them (`unpad: flase` is refused, not truthy; YAML's
+    `"0"` becomes 0.0), or a ValueError naming `model.fields.<name>`."""
+    from model.config import BertConfig
+
+    names = [f.name for f in dataclasses.fields(BertConfig)]
+    out = {}
+    for name, value in model.fields.items():
+        key = f"model.fields.{name}"
+        if name == "vocab_size":
+            raise ValueError(f"{key}: set model.vocab_size (--model.vocab-size) instead")
+        if name not in names:
+            raise ValueError(f"{key}: not a BertConfig field; valid fields: "
+                             f"{', '.join(n for n in names if n != 'vocab_size')}")
+        out[name] = coerce_field(BertConfig, name, value, key)
+    try:
+        BertConfig.preset(model.preset)
+    except ValueError as err:
+        raise ValueError(f"--model.preset: {err}") from None
+    try:  # BertConfig's own checks (dropout in [0, 1), heads dividing hidden_size), named here
+        BertConfig.preset(model.preset, **out)
+    except ValueError as err:
+        raise ValueError(f"model.fields: {err}") from None
+    return out
+
+
 def validate(cfg: PretrainConfig, *, world_size: int, device_type: str) -> int:
-    """Refuse settings that cannot run here, with the fix in the message; returns grad accumulation."""
+    """Refuse settings that cannot run here, with the fix in the message; returns grad accumulation.
+
+    Also types `cfg.model.fields` in place (see `model_fields`), as the trainer hands them to BertConfig.
+    """
+    for key, (ok, wanted) in _RANGES.items():
+        value = attrgetter(key)(cfg)
+        if not ok(value):
+            raise ValueError(f"{flag_of(key)} must be {wanted}, got {value!r}")
+    if cfg.log.eval_samples < world_size:
+        raise ValueError(f"--log.eval-samples ({cfg.log.eval_samples}) must be at least the data-parallel size "
+                         f"({world_size}): each rank evaluates an equal share")
+    cfg.model.fields = model_fields(cfg.model)
     d = cfg.data
-    if d.micro_batch_size <= 0 or d.global_batch_size <= 0:
-        raise ValueError("data.micro_batch_size and data.global_batch_size must be positive")
     per_round = d.micro_batch_size * world_size
     if d.global_batch_size % per_round:
         raise ValueError(
@@ -183,8 +283,4 @@ def validate(cfg: PretrainConfig, *, world_size: int, device_type: str) -> int:
         raise ValueError(f"precision.dtype={cfg.precision.dtype} needs zero.stage>=1 (set zero.stage=1)")
     if cfg.precision.dtype == "fp16" and device_type == "cpu":
         raise ValueError("precision.dtype=fp16 is not supported on CPU; use precision.dtype=bf16 or fp32")
-    if cfg.schedule.total_steps <= 0:
-        raise ValueError("schedule.total_steps must be positive")
-    if cfg.checkpoint.keep_last < 1:
-        raise ValueError("checkpoint.keep_last must be at least 1")
     return d.global_batch_size // per_round
