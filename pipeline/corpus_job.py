@@ -36,7 +36,7 @@ from pipeline.progress import ProgressReporter, local_progress_dir
 from pipeline.shards import WriteShards
 from pipeline.sources import DEAD_LETTER, ReadDocuments, expand_inputs
 from pipeline.tokenize import TokenizeDocuments
-from pipeline.vocab import read_vocab_tokens, vocab_is_cased
+from pipeline.vocab import SPECIAL_TOKENS, build_tokenizer, read_vocab_tokens, vocab_is_cased
 from pipeline.vocab_training import CountWords, read_count_files, train_wordpiece
 from pipeline.manifest import FORMAT, FORMAT_VERSION
 
@@ -67,7 +67,7 @@ class CorpusConfig:
     instances_per_shard: int = 100_000  # shard size when num_shards is 0
     heldout_fraction: float = 0.02  # share of whole documents in the heldout split
     docs_per_bucket: int = 1000  # NSP negatives come from a bucket of about this many documents
-    input_format: str = "auto"  # auto | wiki-xml | text | lines | jsonl
+    input_format: str = "auto"  # auto | wiki-xml | text | lines | jsonl | wikiextractor
     shard_format: str = "arrow"  # arrow | parquet
     max_document_bytes: int = 16_000_000  # larger documents are skipped (counted, dead-lettered)
     max_unk_share: float = 0.05  # fail when more word pieces than this are [UNK] (the vocab does not fit the text)
@@ -241,15 +241,37 @@ def _outside(files: list[str], out: str) -> list[str]:
     return kept
 
 
-def _vocab_ids(vocab_text: str, source: str | None) -> tuple[MaskingVocab, int, int]:
-    """(masking vocab, [CLS] id, [SEP] id); `ValueError` naming `source` when the vocab lacks them."""
-    tokens = read_vocab_tokens(vocab_text)
+def _read_vocab_file(path: str) -> str:
+    """The text of `--vocab`; `ValueError` naming the file when it cannot be read or is not UTF-8."""
     try:
+        with FileSystems.open(path) as f:
+            raw = f.read()
+    except OSError as err:  # a directory, or no permission
+        raise ValueError(f"vocab file {path} cannot be read ({err}); pass a BERT vocab.txt") from None
+    try:
+        return raw.decode("utf-8-sig")  # a BOM (Notepad) would otherwise turn [PAD] into "\ufeff[PAD]"
+    except UnicodeDecodeError as err:
+        raise ValueError(f"vocab {path} is not UTF-8 text ({err}); pass a BERT vocab.txt") from None
+
+
+def _vocab_ids(vocab_text: str, source: str, lowercase: bool) -> tuple[MaskingVocab, int, int]:
+    """(masking vocab, [CLS] id, [SEP] id), after every check the workers' tokenizer would make;
+    `ValueError` naming `source` otherwise, so that no worker fails on the vocabulary mid-job."""
+    tokens = read_vocab_tokens(vocab_text)
+    missing = [t for t in SPECIAL_TOKENS if t not in set(tokens)]
+    if missing:
+        raise ValueError(f"vocab {source} lacks {' '.join(missing)}; a BERT vocab.txt needs "
+                         f"{' '.join(SPECIAL_TOKENS)}, one token per line")
+    try:
+        build_tokenizer(tokens, lowercase)  # what `TokenizeDocuments` builds on every worker
         masking_vocab = MaskingVocab.from_tokens(tokens)
-        ids = {t: i for i, t in enumerate(tokens)}
-        return masking_vocab, ids["[CLS]"], ids["[SEP]"]
-    except (ValueError, KeyError) as err:
-        raise ValueError(f"vocab {source}: {err}; a BERT vocab.txt needs [PAD] [UNK] [CLS] [SEP] [MASK]") from err
+    except ValueError as err:
+        raise ValueError(f"vocab {source}: {err}") from err
+    return masking_vocab, tokens.index("[CLS]"), tokens.index("[SEP]")
+
+
+def _lowercase(config: CorpusConfig, vocab_text: str) -> bool:
+    return config.lowercase if config.lowercase is not None else not vocab_is_cased(read_vocab_tokens(vocab_text))
 
 
 def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
@@ -262,17 +284,11 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     if runner == LOCAL_RUNNER:  # this process holds every stage's output
         log.debug("glibc mmap threshold fixed: %s", return_large_frees_to_os())
     if config.vocab is not None:
-        # Checked before the output directory is touched: a bad vocab must not cost the last corpus.
-        try:
-            with FileSystems.open(config.vocab) as f:
-                raw_vocab = f.read()
-        except OSError as err:  # a directory, or no permission
-            raise ValueError(f"vocab file {config.vocab} cannot be read ({err}); pass a BERT vocab.txt") from None
-        try:
-            vocab_text = raw_vocab.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"vocab {config.vocab} is not UTF-8 text ({err}); pass a BERT vocab.txt") from None
-        _vocab_ids(vocab_text, config.vocab)
+        # Checked in full before the output directory is touched: a bad vocab must not cost the last
+        # corpus. Only what needs the job itself (a trained vocab, the result) is checked later.
+        vocab_text = _read_vocab_file(config.vocab)
+        lowercase = _lowercase(config, vocab_text)
+        vocab_ids = _vocab_ids(vocab_text, config.vocab, lowercase)
     out = config.out.rstrip("/")
     _clear_previous_output(out, config.vocab)
     if not FileSystems.exists(out):
@@ -280,13 +296,12 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     tmp = FileSystems.join(out, TMP)
     extra_counters: dict[str, int] = {}
 
-    if config.vocab is not None:
-        lowercase = config.lowercase if config.lowercase is not None else not vocab_is_cased(read_vocab_tokens(vocab_text))
-    else:
+    if config.vocab is None:
         lowercase = True if config.lowercase is None else config.lowercase
         vocab_text, extra_counters = _train_vocab(config, files, lowercase, options, tmp)
+        vocab_ids = _vocab_ids(vocab_text, "trained by --train-vocab-size", lowercase)
     tokens = read_vocab_tokens(vocab_text)
-    masking_vocab, cls_id, sep_id = _vocab_ids(vocab_text, config.vocab)
+    masking_vocab, cls_id, sep_id = vocab_ids
 
     settings = InstanceSettings(
         seq_len=config.seq_len, short_seq_prob=config.short_seq_prob, masked_lm_prob=config.masked_lm_prob,

@@ -40,7 +40,7 @@ def summary(corpus_dir: str | Path, num_examples: int = 3, verify: bool = False)
     manifest = read_manifest(corpus_dir)
     if verify:
         verify_shards(corpus_dir, manifest)
-    vocab = (corpus_dir / manifest["vocab_file"]).read_text(encoding="utf-8").split("\n")
+    vocab = (corpus_dir / manifest["vocab_file"]).read_text(encoding="utf-8-sig").split("\n")
     lines = [
         f"corpus {corpus_dir}",
         f"  seq_len {manifest['seq_len']}  dupe_factor {manifest['dupe_factor']}  seed {manifest['seed']}  "

@@ -82,7 +82,8 @@ class MaskingVocab:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"vocab file {path} does not exist; pass a BERT vocab.txt")
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: a BOM would make the first token "\ufeff[PAD]", which masking would then draw.
+        with open(path, encoding="utf-8-sig") as f:
             tokens = [line.rstrip("\n").rstrip("\r") for line in f]
         while tokens and tokens[-1] == "":
             tokens.pop()

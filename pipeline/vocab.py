@@ -27,8 +27,11 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 def read_vocab_tokens(vocab_text: str) -> list[str]:
-    """Tokens in id order (line i is id i); trailing empty lines dropped, CRLF tolerated."""
-    tokens = [line.rstrip("\r") for line in vocab_text.split("\n")]
+    """Tokens in id order (line i is id i); trailing empty lines dropped, CRLF and a BOM tolerated.
+
+    Files are decoded as utf-8-sig; the BOM is dropped here too for text decoded elsewhere, as
+    "\ufeff[PAD]" is not [PAD] and the vocabulary would fail (or mask [PAD]) far from its file."""
+    tokens = [line.rstrip("\r") for line in vocab_text.removeprefix("\ufeff").split("\n")]
     while tokens and tokens[-1] == "":
         tokens.pop()
     return tokens
@@ -99,7 +102,7 @@ class Vocab:
         if not path.is_file():
             raise ValueError(f"{path} does not exist; a BERT model or corpus directory holds its vocab.txt")
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")
         except UnicodeDecodeError as err:
             raise ValueError(f"vocab {path} is not UTF-8 text ({err}); pass a BERT vocab.txt") from None
         if lowercase is None:

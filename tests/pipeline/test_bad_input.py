@@ -243,3 +243,38 @@ def test_corpus_never_overwrites_a_vocab_txt_it_did_not_write(tmp_path, data_dir
     assert cli.main(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--vocab", str(out / "vocab.txt"),
                      "--out", str(out), "--seq-len", "64", "--dupe-factor", "1", "--progress-seconds", "0"]) == 0
     assert (out / "vocab.txt").read_bytes() == bert_vocab and (out / "manifest.json").is_file()
+
+
+def test_every_special_token_is_checked_before_the_previous_corpus_is_cleared(tmp_path, data_dir, capsys):
+    # A vocab without [PAD] or [UNK] used to pass the check, cost the previous corpus, then fail
+    # inside a Beam worker with a traceback that did not name the file.
+    out = tmp_path / "corpus"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"format": "bertpipe-corpus"}))
+    (out / "train-00000-of-00001.arrow").write_bytes(b"previous shard")
+    tokens = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text(encoding="utf-8").splitlines()
+    base = ["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--out", str(out)]
+    for special in ("[PAD]", "[UNK]"):
+        vocab = tmp_path / f"no_{special[1:-1]}.txt"
+        vocab.write_text("\n".join(t for t in tokens if t != special) + "\n", encoding="utf-8")
+        message = _fails(base + ["--vocab", str(vocab)], capsys).strip().splitlines()
+        assert message == [f"bertpipe corpus: error: vocab {vocab} lacks {special}; a BERT vocab.txt needs "
+                           "[PAD] [UNK] [CLS] [SEP] [MASK], one token per line"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train-00000-of-00001.arrow"]
+
+
+def test_a_vocab_saved_with_a_byte_order_mark_builds_the_same_corpus(tmp_path, data_dir):
+    raw = tmp_path / "book.txt"
+    raw.write_bytes((data_dir / "books" / "persuasion.txt").read_bytes()[:20_000])
+    vocab = data_dir / "vocab" / "bert-base-uncased-vocab.txt"
+    bom = tmp_path / "vocab_bom.txt"
+    bom.write_bytes("\ufeff".encode() + vocab.read_bytes())
+    runs = {}
+    for name, v in (("plain", vocab), ("bom", bom)):
+        argv = ["corpus", "--input", str(raw), "--vocab", str(v), "--out", str(tmp_path / name), "--seq-len", "64",
+                "--dupe-factor", "1", "--heldout-fraction", "0"]
+        assert cli.main(argv) == 0
+        runs[name] = read_manifest(tmp_path / name)
+    assert runs["bom"]["vocab_sha256"] == runs["plain"]["vocab_sha256"]
+    assert [s["sha256"] for s in runs["bom"]["shards"]] == [s["sha256"] for s in runs["plain"]["shards"]]
+    assert (tmp_path / "bom" / "vocab.txt").read_bytes() == vocab.read_bytes()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.vocab import SPECIAL_TOKENS, Vocab, build_tokenizer, check_embedding_rows, vocab_is_cased
+from pipeline.vocab import SPECIAL_TOKENS, Vocab, build_tokenizer, check_embedding_rows, read_vocab_tokens, vocab_is_cased
 from repo_paths import VOCAB
 
 
@@ -57,3 +57,15 @@ def test_more_tokens_than_embedding_rows_is_refused_padding_is_not():
     check_embedding_rows(30522, 30528, vocab="v.txt", model="m")
     with pytest.raises(ValueError, match="v.txt has 30522 tokens but m has 30000 embedding rows"):
         check_embedding_rows(30522, 30000, vocab="v.txt", model="m")
+
+
+def test_a_vocab_file_with_a_byte_order_mark_reads_like_any_other(tmp_path):
+    from pipeline.masking import MaskingVocab
+
+    bom = tmp_path / "vocab.txt"  # Notepad's "UTF-8" saves a BOM: "\ufeff[PAD]" is not [PAD]
+    bom.write_bytes("\ufeff".encode() + VOCAB.read_bytes())
+    plain = Vocab.read(VOCAB)
+    assert Vocab.read(bom).tokens == plain.tokens and plain.tokens[0] == "[PAD]"
+    assert Vocab.read(bom).tokenizer().encode("hello").tokens == ["[CLS]", "hello", "[SEP]"]
+    assert MaskingVocab.from_vocab_file(bom).special_ids == MaskingVocab.from_vocab_file(VOCAB).special_ids
+    assert read_vocab_tokens("\ufeff[PAD]\n[UNK]\n")[0] == "[PAD]"  # text decoded elsewhere
