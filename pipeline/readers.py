@@ -1,10 +1,10 @@
 """Streaming readers: bytes of one input file -> documents, or counted skips with reasons.
 
 Pure functions over a binary stream (Beam's `FileSystems.open` in the job, a plain file in tests).
-Compression is sniffed from magic bytes, not the file name; concatenated (multistream) bz2/gzip
-members read fully, and a truncated or corrupt stream ends the file with a `corrupt_compression`
-skip after every complete document before the damage has been emitted. Memory per file is bounded
-by `max_document_bytes`: a larger document is skipped, never held.
+Compression is sniffed from magic bytes, not the file name (`pipeline.decompress`); a truncated or
+corrupt stream ends the file with a `corrupt_compression` skip after the complete documents before
+the damage have been emitted. A UTF-8 byte order mark at the start of a file is dropped. Memory per
+file is bounded by `max_document_bytes`: a larger document is skipped, never held.
 
 Formats:
 - `wiki-xml`: MediaWiki `pages-articles` dump; each `<page>` is cut out and parsed on its own, so
@@ -14,21 +14,25 @@ Formats:
 - `lines`: google-research/bert's layout: one sentence per line, blank lines between documents.
 - `jsonl`: one JSON object per line with a `text` field (WikiExtractor `--json`, HF dataset exports);
   `id` (if present) names the document.
+- `wikiextractor`: WikiExtractor's default output: `<doc id=.. url=.. title=..>` blocks, the title
+  on the first line, then one paragraph per line, up to `</doc>`.
 """
 
 from __future__ import annotations
 
-import bz2
 import json
+import logging
 import re
-import zlib
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Union
 
+from pipeline.decompress import CorruptStream, decompressed_chunks
 from pipeline.wikitext import parse_page, wikitext_to_paragraphs
 
-FORMATS = ("auto", "wiki-xml", "text", "lines", "jsonl")
-CHUNK = 1 << 20
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "wiki-xml", "text", "lines", "jsonl", "wikiextractor")
+BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark, written by Notepad and some exporters
 
 
 @dataclass(frozen=True)
@@ -63,55 +67,14 @@ class ReadStats:
 Record = Union[RawDocument, Skip]
 
 
-class CorruptStream(Exception):
-    """The compressed stream ends early or holds invalid data."""
-
-
-def decompressed_chunks(raw: BinaryIO) -> Iterator[bytes]:
-    """Uncompressed bytes of `raw`, sniffing bz2/gzip; raises `CorruptStream` on damage at the end."""
-    head = raw.read(CHUNK)
-    if head.startswith(b"BZh"):
-        make = bz2.BZ2Decompressor
-    elif head.startswith(b"\x1f\x8b"):
-        make = lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)  # noqa: E731  (gzip member)
-    else:
-        while head:
-            yield head
-            head = raw.read(CHUNK)
-        return
-    decomp = make()
-    buf = head
-    try:
-        while True:
-            if not buf:
-                buf = raw.read(CHUNK)
-                if not buf:
-                    break
-            out = decomp.decompress(buf)
-            if out:
-                yield out
-            buf = b""
-            if decomp.eof:
-                # Concatenated members (multistream dumps, `cat a.gz b.gz`): start a new decoder.
-                rest = decomp.unused_data
-                decomp = make()
-                buf = rest
-                if not buf:
-                    buf = raw.read(CHUNK)
-                    if not buf:
-                        return
-    except (OSError, EOFError, zlib.error, ValueError) as err:
-        raise CorruptStream(str(err)) from err
-    if not decomp.eof:
-        raise CorruptStream("compressed stream ends before its end marker (truncated file)")
-
-
 def sniff_format(sample: bytes) -> str:
-    """`wiki-xml`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file."""
+    """`wiki-xml`, `wikiextractor`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file."""
     head = sample[:65536].decode("utf-8", errors="replace")
     stripped = head.lstrip("\ufeff \t\r\n")
     if stripped.startswith("<mediawiki") or ("<page>" in head and "<revision>" in head):
         return "wiki-xml"
+    if _DOC_OPEN.match(stripped.split("\n", 1)[0].encode()):
+        return "wikiextractor"
     if stripped.startswith("{"):
         first = stripped.split("\n", 1)[0]
         if "\n" not in stripped and re.match(r'\{\s*"', stripped):
@@ -160,21 +123,26 @@ def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, sta
     except CorruptStream as err:
         yield Skip(source, source, "corrupt_compression", str(err))
         return
+    if first.startswith(BOM):
+        first = first[len(BOM) :]  # json.loads refuses it; in text it would glue itself to the first word
     if not first.strip():
         yield Skip(source, source, "empty_file")
         return
     if looks_binary(first):
         yield Skip(source, source, "binary_file")
         return
+    how = "--format"
     if fmt == "auto":
-        fmt = sniff_format(first)
+        fmt, how = sniff_format(first), "sniffed"
+    log.info("reading %s as %s (%s)", source, fmt, how)
     stats.inc(f"files_{fmt.replace('-', '_')}")
 
     def stream() -> Iterator[bytes]:
         yield first
         yield from chunks
 
-    parsers = {"wiki-xml": _wiki_pages, "text": _book, "lines": _sentence_lines, "jsonl": _jsonl}
+    parsers = {"wiki-xml": _wiki_pages, "text": _book, "lines": _sentence_lines, "jsonl": _jsonl,
+               "wikiextractor": _extracted_docs}
     name = source.rsplit("/", 1)[-1]
     try:
         yield from parsers[fmt](stream(), name, source, max_document_bytes, stats)
@@ -341,3 +309,43 @@ def _jsonl(stream, name, source, max_bytes, stats) -> Iterator[Record]:
             yield RawDocument(doc_id, paragraphs)
         else:
             yield Skip(source, doc_id, "empty_document")
+
+
+_DOC_OPEN = re.compile(rb'\s*<doc\s[^>]*\bid="([^"]*)"[^>]*>\s*$')
+_DOC_TITLE = re.compile(rb'\btitle="(.*?)"(?:\s+[\w-]+="|\s*>)')  # unescaped: a title may hold quotes
+
+
+def _extracted_docs(stream, name, source, max_bytes, stats) -> Iterator[Record]:
+    """WikiExtractor's default output: one document per `<doc ...>` ... `</doc>` block."""
+    doc_id, title, lines, size = None, b"", [], 0
+    for line in _lines(stream, max_bytes):
+        if doc_id is None:
+            opened = _DOC_OPEN.match(line or b"")
+            if opened:
+                doc_id, lines, size = f"{name}#{opened.group(1).decode(errors='replace')}", [], 0
+                found = _DOC_TITLE.search(line)
+                title = found.group(1) if found else b""
+            elif line is None or line.strip():
+                stats.inc("wikiextractor_lines_outside_doc")  # counted, not read: no article holds them
+        elif line is not None and line.strip() == b"</doc>":
+            yield _extracted_doc(doc_id, title, lines, size, source, max_bytes, stats)
+            doc_id = None
+        else:
+            # An overlong line (None) or too many: the document will be skipped, so hold none of it.
+            size += max_bytes + 1 if line is None else len(line)
+            if size <= max_bytes:
+                lines.append(line)
+            else:
+                lines = []
+    if doc_id is not None:
+        yield Skip(source, doc_id, "malformed_doc", "the file ends inside this <doc>")
+
+
+def _extracted_doc(doc_id, title, lines, size, source, max_bytes, stats) -> Record:
+    if size > max_bytes:
+        return Skip(source, doc_id, "document_too_large", f"over {max_bytes} bytes")
+    paragraphs = [" ".join(_decode(line, stats).split()) for line in lines]
+    paragraphs = [p for p in paragraphs if p]
+    if paragraphs and title and paragraphs[0] == " ".join(_decode(title, stats).split()):
+        paragraphs = paragraphs[1:]  # WikiExtractor repeats the title as the first line
+    return RawDocument(doc_id, paragraphs) if paragraphs else Skip(source, doc_id, "empty_document")

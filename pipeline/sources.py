@@ -26,6 +26,7 @@ FILTERED_REASONS = frozenset({"wiki_redirect", "wiki_non_article_namespace"})
 # Written next to downloaded data by `bertpipe download` and checksum tools: never corpus text.
 _IGNORED_SUFFIXES = (".json", ".part", ".partial", ".sha1", ".md5", ".sha256", ".tmp")
 _IGNORED_NAMES = ("sha1sums.txt", "md5sums.txt", "sha256sums.txt")
+_IGNORED_NOTE = "hidden, *.json, *.part, checksum files are ignored unless named one by one"
 
 
 def _ignored(path: str) -> bool:
@@ -42,35 +43,60 @@ def _ignored(path: str) -> bool:
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
     """Sorted, de-duplicated files named by paths, globs and (recursively) directories.
 
+    The ignore list (`_ignored`) applies to what directories and globs expand to; a file named
+    explicitly is read whatever its name (`train.json` from `Dataset.to_json` is JSON Lines).
     Raises `ValueError` naming the first input that matches nothing or cannot be read.
     """
-    files: set[str] = set()
+    files: list[str] = []
     for pattern in patterns:
-        if os.path.isdir(pattern):
-            found = []
-            for root, dirs, names in os.walk(pattern):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found += [os.path.join(root, n) for n in names if not _ignored(n)]
-            if not found:
-                raise ValueError(f"input directory {pattern} holds no input files (hidden, *.json, *.part, checksum files are ignored)")
-            files.update(found)
-            continue
-        try:
-            result = FileSystems.match([pattern])[0]
-        except Exception as err:  # Beam raises BeamIOError for unknown schemes and bad patterns
-            raise ValueError(f"input {pattern}: {err}") from err
-        matched = [m.path for m in result.metadata_list if not _ignored(m.path)]
-        if not matched and "://" in pattern:
-            # A remote "directory": match everything under it.
-            result = FileSystems.match([pattern.rstrip("/") + "/**"])[0]
-            matched = [m.path for m in result.metadata_list if not _ignored(m.path)]
-        if not matched:
-            raise ValueError(f"input {pattern} matches no file; give existing files, directories or globs")
-        files.update(matched)
-    for path in sorted(files):
+        files += _expand(pattern)
+    files = _unique_files(files)
+    for path in files:
         if "://" not in path and not os.access(path, os.R_OK):
             raise ValueError(f"input file {path} is not readable (check its permissions)")
     return sorted(files)
+
+
+def _expand(pattern: str) -> list[str]:
+    if os.path.isdir(pattern):
+        found = []
+        for root, dirs, names in os.walk(pattern):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            found += [os.path.join(root, n) for n in sorted(names) if not _ignored(n)]
+        if not found:
+            raise ValueError(f"input directory {pattern} holds no input files ({_IGNORED_NOTE})")
+        return found
+    if os.path.isfile(pattern):
+        return [pattern]  # named by the user: read, whatever the ignore list says
+    try:
+        result = FileSystems.match([pattern])[0]
+    except Exception as err:  # Beam raises BeamIOError for unknown schemes and bad patterns
+        raise ValueError(f"input {pattern}: {err}") from err
+    explicit = "://" in pattern and not any(c in pattern for c in "*?[")
+    matched = [m.path for m in result.metadata_list if explicit or not _ignored(m.path)]
+    if not matched and "://" in pattern:
+        # A remote "directory": match everything under it.
+        result = FileSystems.match([pattern.rstrip("/") + "/**"])[0]
+        matched = [m.path for m in result.metadata_list if not _ignored(m.path)]
+    if not matched:
+        ignored = f" it does not ignore ({_IGNORED_NOTE})" if result.metadata_list else ""
+        raise ValueError(f"input {pattern} matches no file{ignored}; give existing files, directories or globs")
+    return sorted(matched)
+
+
+def _unique_files(files: list[str]) -> list[str]:
+    """`files` without repeats, the first spelling kept: one local file reached twice (`./data/books`
+    and `data/books/a.txt`, or a symlink) would otherwise be read twice and weigh double."""
+    seen: set[str] = set()
+    kept = []
+    for path in files:
+        key = path if "://" in path else os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            kept.append(path)
+    if len(kept) < len(files):
+        log.info("dropped %d repeated input file(s): the same file was named more than once", len(files) - len(kept))
+    return kept
 
 
 class _ReadFileFn(beam.DoFn):

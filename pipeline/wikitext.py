@@ -18,7 +18,10 @@ from mwparserfromhell.smart_list import SmartList
 from mwparserfromhell.wikicode import Wikicode
 
 # Link targets that are not prose: [[Category:..]], [[File:..]], [[Image:..]], interwiki [[de:..]].
-_NON_PROSE_LINK = re.compile(r"^\s*:?\s*(category|file|image|media|wikipedia|wp|template|help|portal|[a-z]{2,3}(-[a-z]+)?)\s*:", re.I)
+# An interwiki prefix is followed by the title with no space ([[de:Berlin]], [[zh-yue:..]]); a colon
+# and a space is an article's title ([[Ali: Fear Eats the Soul]]), which is prose.
+_NON_PROSE_LINK = re.compile(r"^\s*:?\s*((category|file|image|media|wikipedia|wp|template|help|portal)\s*:"
+                             r"|[a-z]{2,3}(-[a-z]+)?:(?!\s))", re.I)
 _DROPPED_TAGS = {"ref", "references", "table", "gallery", "math", "chem", "timeline", "score", "syntaxhighlight",
                  "source", "pre", "code", "imagemap", "div", "noinclude", "includeonly", "templatedata", "graph"}
 _TRAILING_SECTIONS = {"references", "external links", "see also", "further reading", "notes", "bibliography",

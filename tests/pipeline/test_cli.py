@@ -211,5 +211,5 @@ def test_unknown_input_format_is_refused_before_work(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         cli.main(["corpus", "--input", str(tmp_path), "--train-vocab-size", "100", "--out", str(tmp_path / "o"),
                   "--format", "sentences"])
-    assert err.value.code == 2 and "--format 'sentences' is not one of auto | wiki-xml | text | lines | jsonl" in capsys.readouterr().err
+    assert err.value.code == 2 and "--format 'sentences' is not one of auto | wiki-xml | text | lines | jsonl | wikiextractor" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -6,7 +6,9 @@ import bz2
 import gzip
 import io
 import json
+import logging
 import os
+import random
 
 import pytest
 
@@ -204,3 +206,99 @@ def test_many_short_lines_read_in_linear_time():
     docs, skips, _ = read(data, fmt="lines", max_bytes=len(data) + 1)
     assert len(docs) == 1 and len(docs[0].segments) == 300_000 and not skips
     assert time.perf_counter() - start < 10
+
+
+def _lines_docs(n: int) -> list[list[str]]:
+    rng = random.Random(0)
+    words = "the of and a to in is was for on that with as by at from his her it an are were which".split()
+    return [[" ".join(rng.choice(words) for _ in range(15)).capitalize() + "." for _ in range(20)] for _ in range(n)]
+
+
+@pytest.mark.parametrize("compress", [lambda b: bz2.compress(b, 1), gzip.compress], ids=["bz2", "gzip"])
+def test_damage_near_the_end_keeps_the_documents_before_it_and_no_garbled_one(compress, monkeypatch):
+    # 4.6 MB of text. Decoding a 1 MiB read in one call lost every document decoded in it when it
+    # raised; and the decoders run on through garbled text before they notice (gzip: 64 zeroed
+    # bytes gave 34 wrong documents), so the last HOLD bytes before the damage go with it (1 MiB
+    # here, where the garbled run is shorter, for a small file; 4 MiB by default).
+    from pipeline import decompress
+
+    HOLD = 1 << 20
+    monkeypatch.setattr(decompress, "HOLD", HOLD)
+    originals = _lines_docs(4000)
+    text = ("\n\n".join("\n".join(d) for d in originals) + "\n").encode()
+    data = bytearray(compress(text))
+    damage = len(data) * 9 // 10
+    data[damage : damage + 64] = bytes(64)
+    docs, skips, _ = read(bytes(data), fmt="lines")
+    assert [(s.source, s.reason) for s in skips] == [("mem/f.txt", "corrupt_compression")]
+    assert "bytes decoded before it were dropped" in skips[0].detail
+    assert [d.doc_id for d in docs] == [f"f.txt:{i}" for i in range(len(docs))]
+    assert [d.segments for d in docs] == originals[: len(docs)]  # every kept document is intact
+    kept = sum(len("\n".join(d.segments)) + 2 for d in docs)
+    assert kept > len(text) * 0.85 - HOLD - (1 << 20) > 1_000_000, (kept, len(text))
+
+
+def test_a_small_first_gzip_member_does_not_decide_the_format():
+    sentences = "".join(f"Sentence number {i} ends here.\n" + ("\n" if i % 5 == 4 else "") for i in range(50))
+    for first in (b"\n\n", b"Short first file.\n\n"):  # `cat a.gz b.gz`
+        docs, skips, counts = read(gzip.compress(first) + gzip.compress(sentences.encode()))
+        assert counts == {"files_lines": 1} and not skips and len(docs) in (10, 11)
+
+
+def test_a_byte_order_mark_is_not_read_as_text():
+    bom = "\ufeff".encode()
+    jsonl = bom + (json.dumps({"id": 1, "text": PROSE}) + "\n" + json.dumps({"id": 2, "text": PROSE}) + "\n").encode()
+    docs, skips, _ = read(jsonl)
+    assert [d.doc_id for d in docs] == ["f.txt:1", "f.txt:2"] and not skips
+    docs, _, _ = read(bom + PROSE.encode(), fmt="text")
+    assert docs[0].segments == [PROSE]
+
+
+def _extracted(id_: int, title: str, *paragraphs: str) -> str:
+    # What WikiExtractor writes without --json (its `Extractor.extract`).
+    return (f'<doc id="{id_}" url="https://en.wikipedia.org/wiki?curid={id_}" title="{title}">\n{title}\n\n'
+            + "\n".join(paragraphs) + "\n</doc>\n")
+
+
+def test_wikiextractor_output_is_one_document_per_doc_block(caplog):
+    data = (_extracted(12, "Anarchism", PROSE, "Second paragraph of the article. " + PROSE)
+            + _extracted(25, "Ali: Fear Eats the Soul", PROSE) + _extracted(39, "Empty"))
+    with caplog.at_level(logging.INFO, logger="pipeline.readers"):
+        docs, skips, counts = read(data.encode())
+    assert counts == {"files_wikiextractor": 1} and "reading mem/f.txt as wikiextractor (sniffed)" in caplog.text
+    assert [(d.doc_id, len(d.segments)) for d in docs] == [("f.txt#12", 2), ("f.txt#25", 1)]
+    assert docs[0].segments[0] == PROSE and not any("<doc" in s or "</doc>" in s for d in docs for s in d.segments)
+    assert [(s.record_id, s.reason) for s in skips] == [("f.txt#39", "empty_document")]
+    cut = _extracted(12, "Anarchism", PROSE) + _extracted(13, "Autism", PROSE)[:-10]
+    docs, skips, _ = read(cut.encode())
+    assert [d.doc_id for d in docs] == ["f.txt#12"] and [(s.record_id, s.reason) for s in skips] == [("f.txt#13", "malformed_doc")]
+
+
+def test_a_link_whose_colon_is_followed_by_a_space_is_an_article_not_interwiki():
+    text = ("Fassbinder's 1974 film [[Ali: Fear Eats the Soul]] won the FIPRESCI prize at Cannes.\n"
+            "The city has a long history, told in many languages.[[de:Berlin]][[zh-yue:柏林]]")
+    assert wikitext_to_paragraphs(text) == [
+        "Fassbinder's 1974 film Ali: Fear Eats the Soul won the FIPRESCI prize at Cannes.",
+        "The city has a long history, told in many languages.",
+    ]
+
+
+def test_a_file_named_explicitly_is_read_whatever_its_name(tmp_path):
+    # `Dataset.to_json("train.json")` writes JSON Lines; a directory still skips *.json.
+    (tmp_path / "train.json").write_text(json.dumps({"id": 1, "text": PROSE}) + "\n")
+    (tmp_path / "book.txt").write_text(PROSE)
+    assert expand_inputs([str(tmp_path / "train.json")]) == [str(tmp_path / "train.json")]
+    assert expand_inputs([str(tmp_path)]) == [str(tmp_path / "book.txt")]
+    with pytest.raises(ValueError, match=r"matches no file it does not ignore \(hidden, \*\.json"):
+        expand_inputs([str(tmp_path / "*.json")])
+
+
+def test_one_file_reached_by_two_spellings_is_read_once(tmp_path, monkeypatch, caplog):
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "a.txt").write_text(PROSE)
+    (tmp_path / "books" / "b.txt").write_text(PROSE)
+    os.symlink(tmp_path / "books" / "b.txt", tmp_path / "link.txt")
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="pipeline.sources"):
+        files = expand_inputs(["./books", "books/a.txt", "link.txt", "books/a.txt"])
+    assert files == ["./books/a.txt", "./books/b.txt"] and "dropped 3 repeated input file(s)" in caplog.text
