@@ -1,7 +1,9 @@
-"""Golden losses: the tiny CPU config's loss at each of its first 20 steps, compared exactly.
+"""Golden losses: the tiny CPU config's loss at each of its first 20 steps, to within float32 rounding.
 
 Nothing else notices when a change silently moves the loss curve (a new init, a different masking
-draw, a reordered reduction). The run is real: `bertpipe pretrain --config tiny` in one process
+draw, another data order: each moves it by 1e-3 or more). Not bit for bit: the same code and corpus
+give losses that differ in the last float32 bits from one CPU to another (AVX2 against AVX-512/AMX
+kernel dispatch: up to 4.8e-7 over these 20 steps, measured), hence TOLERANCE. The run is real: `bertpipe pretrain --config tiny` in one process
 (DeepSpeed ZeRO-1 over gloo, LAMB, fp32, deterministic algorithms, one OpenMP thread) on the shared
 real corpus built from the bundled data. A change that is *meant* to move the numbers regenerates
 the file on purpose, and the diff of `golden/tiny_losses.json` shows it in review:
@@ -21,6 +23,7 @@ import pytest
 
 GOLDEN = Path(__file__).parent / "golden" / "tiny_losses.json"
 STEPS = 20
+TOLERANCE = 2e-6  # relative: a few float32 ulps at a loss of ~11
 REGENERATE = "BERTPIPE_REGEN_GOLDEN"
 FLAGS = ["--config", "tiny", "--nproc", "1", "--max-steps", str(STEPS), "--save-every", "0", "--deterministic",
          "--log.eval-every", "0", "--log.tensorboard", "false"]
@@ -47,6 +50,7 @@ def test_tiny_config_losses_equal_the_golden_file(small_corpus, tmp_path):
         pytest.skip(f"regenerated {GOLDEN}")  # never a silent pass: the run that writes the file checks nothing
     golden = json.loads(GOLDEN.read_text())["losses"]
     assert len(golden) == STEPS
-    changed = [(step, want, got) for step, (want, got) in enumerate(zip(golden, losses), 1) if want != got]
+    changed = [(step, want, got) for step, (want, got) in enumerate(zip(golden, losses), 1)
+               if abs(want - got) > TOLERANCE * abs(want)]
     assert not changed, (f"the loss curve moved (step, golden, now): {changed[:5]}; if that is intended, "
                          f"regenerate with {REGENERATE}=1 and explain why in the commit")
