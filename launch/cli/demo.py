@@ -154,8 +154,8 @@ def _mlm_summary(run_dir: Path, corpus: Path) -> str:
 
 
 def init_comparison(trials: list[dict]) -> str:
-    """SST-2 dev accuracy of the pre-trained and the random-init fine-tuning, mean +- std over seeds, and
-    the difference paired by seed."""
+    """SST-2 dev accuracy of the pre-trained and the random-init fine-tuning, mean +- std over seeds (the
+    population std, as the sweep's results.md), and the difference paired by seed."""
     by = {init: {t["point"]["seed"]: t["metrics"]["score"] for t in trials
                  if (t.get("metrics") or {}).get("score") is not None and t["point"].get("init", "checkpoint") == init}
           for init in ("checkpoint", "random")}
@@ -164,7 +164,7 @@ def init_comparison(trials: list[dict]) -> str:
         return "fine-tuning: no seed finished for both the pre-trained and the random-init model"
 
     def stat(xs: list[float]) -> str:
-        return f"{100 * statistics.fmean(xs):.1f}%" + (f" +- {100 * statistics.stdev(xs):.1f}" if len(xs) > 1 else "")
+        return f"{100 * statistics.fmean(xs):.1f}%" + (f" +- {100 * statistics.pstdev(xs):.1f}" if len(xs) > 1 else "")
 
     pre, rnd = [by["checkpoint"][s] for s in seeds], [by["random"][s] for s in seeds]
     diffs = [a - b for a, b in zip(pre, rnd)]

@@ -53,7 +53,10 @@ def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         def mean(rs):
             return statistics.fmean(r["metrics"]["score"] for r in rs)
-        best_key = max(groups, key=lambda k: mean(groups[k]))
+        # Among the configs with the most seeds finished: a mean over fewer restarts is noisier, and a
+        # config whose other seeds failed must not win on its one lucky run.
+        most = max(len(rs) for rs in groups.values())
+        best_key = max((k for k in groups if len(groups[k]) == most), key=lambda k: mean(groups[k]))
         best = groups[best_key]
         scores = [r["metrics"]["score"] for r in best]
         config = {k: v for k, v in best[0]["point"].items() if k not in NOT_GRID}
@@ -71,6 +74,7 @@ def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "grid": [{"config": dict(k), "score": mean(rs), "seeds": len(rs)} for k, rs in groups.items()],
             "failed": failed,
             "trials": len(runs),
+            "seeds": len({r["point"]["seed"] for r in runs}),
         }
     return out
 
@@ -89,6 +93,8 @@ def _cell(task: str, info: dict[str, Any]) -> str:
         text += f"/{100 * best['mismatched']:.1f}"
     if len(best["scores"]) > 1:
         text += f" ±{(100 if task != 'squad' else 1) * best['std']:.1f}"
+    if len(best["scores"]) < info.get("seeds", len(best["scores"])):
+        text += f" (n={len(best['scores'])})"  # some seeds of this config failed
     return text
 
 
@@ -114,6 +120,9 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
 
     config_row = "| best config | " + " | ".join(cfg(t) for t in tasks) + " | |"
     lines = [head, rule, metric_row, score_row, config_row]
+    seeds = max((summary[t].get("seeds", 1) for t in tasks), default=1)
+    if seeds > 1:
+        lines += ["", f"Dev score x100 of the best config: mean ± std (population) over its {seeds} seeds."]
     failed = {t: len(summary[t]["failed"]) for t in tasks if summary[t]["failed"]}
     if failed:
         lines += ["", "Failed trials (after retries): " + ", ".join(f"{t}: {n}" for t, n in failed.items())]

@@ -92,15 +92,17 @@ def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return summary
 
 
-def _cell(stats: dict[str, Any] | None) -> str:
+def _cell(stats: dict[str, Any] | None, seeds: int) -> str:
     if stats is None:
         return "-"
-    return f"{stats['mean']:.1f}" + (f" ± {stats['std']:.1f}" if len(stats["runs"]) > 1 else "")
+    n = len(stats["runs"])
+    return (f"{stats['mean']:.1f}" + (f" ± {stats['std']:.1f}" if n > 1 else "")
+            + (f" (n={n})" if n < seeds else ""))  # some of this row's seeds failed
 
 
 def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
     has_test = any(info["test_f1"] for info in summary.values())
-    seeds = max((len(info["seeds"]) for info in summary.values()), default=0)
+    seeds = max((len(info["seeds"]) + len(info["failed"]) for info in summary.values()), default=0)  # restarts asked for
     head = f"| System | `--layers` | Paper, BERT-Base: dev F1 | {name}: dev F1 |" + (f" {name}: test F1 |" if has_test else "")
     rule = "|---|---|---|---|" + ("---|" if has_test else "")
     lines = [head, rule, "| *Feature-based approach* | | | |" + (" |" if has_test else "")]
@@ -108,11 +110,11 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
         if info["layers"] is None:
             lines.append("| *Fine-tuning approach* | | | |" + (" |" if has_test else ""))
         cells = [label, f"`{info['layers']}`" if info["layers"] else "-", f"{info['paper_dev_f1']:.1f}",
-                 "failed" if info["failed"] and not info["dev_f1"] else _cell(info["dev_f1"])]
+                 "failed" if info["failed"] and not info["dev_f1"] else _cell(info["dev_f1"], seeds)]
         if has_test:
-            cells.append(_cell(info["test_f1"]))
+            cells.append(_cell(info["test_f1"], seeds))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"CoNLL-2003 NER, entity-level F1 x100 (seqeval), mean ± std over {seeds} seed(s) per row. "
+    lines += ["", f"CoNLL-2003 NER, entity-level F1 x100 (seqeval), mean ± std (population) over {seeds} seed(s) per row. "
               "`last4-*` and `all-weighted` take the checkpoint's own layers (all 12 of BERT-Base in the paper)."]
     failed = sum(len(info["failed"]) for info in summary.values())
     if failed:

@@ -32,7 +32,7 @@ def test_table_puts_ours_beside_the_paper_with_mean_and_std():
     lines = table7.markdown_table(summary, name="MiniLM").splitlines()
     assert lines[0] == "| System | `--layers` | Paper, BERT-Base: dev F1 | MiniLM: dev F1 | MiniLM: test F1 |"
     assert "| Concat Last Four Hidden | `last4-concat` | 96.1 | 83.0 ± 1.0 | 70.0 ± 0.0 |" in lines
-    assert "| Fine-tuning | - | 96.4 | 84.0 | 70.0 |" in lines  # one seed left: no ±
+    assert "| Fine-tuning | - | 96.4 | 84.0 (n=1) | 70.0 (n=1) |" in lines  # one of two seeds left: no ±, n shown
     assert lines[-1] == "Failed trials (after retries): 1."
 
 
