@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     overrides["save_model"] = args.save_models
     overrides["progress"] = False
     crash = os.environ.get("BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT")
-    from launch.finetune.tune_sweep import run_sweep
+    from launch.finetune.tune_sweep import run_sweep, trial_name
 
     from pipeline.output_lock import OutputLock
 
@@ -80,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     print(result.table)  # intentional CLI output: the results table
     print(f"wrote {result.out}/results.json, results.md, sweep.png")
     if result.failed:
-        print(f"{result.failed} trial(s) failed after retries; fix the cause and re-run with --resume")
+        for t in result.trials:
+            if t.get("error"):
+                print(f"{trial_name(t['point'])}: {t['error']}")
+        print(f"{result.failed} trial(s) failed (crashes after retries; refused input is not retried); "
+              "fix the cause and re-run with --resume")
         return 1
     return 0

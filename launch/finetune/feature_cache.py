@@ -117,7 +117,8 @@ class FeatureCache:
         """[T, K, H] fp16 activations of the `wanted` layers; `compute(missing)` runs the encoder for
         the missing ones ({layer: [T, H]}) and is not called when every layer is cached."""
         folder = self.root / key.digest
-        found = {k: t for k in wanted if (t := self._read(folder, k, num_tokens, hidden)) is not None}
+        # A first look without the lock, quiet: a damaged file is reported once, by the look under the lock.
+        found = {k: t for k in wanted if (t := self._read(folder, k, num_tokens, hidden, report=False)) is not None}
         missing: list[int] = []
         if len(found) < len(set(wanted)):
             folder.mkdir(parents=True, exist_ok=True)
@@ -144,7 +145,7 @@ class FeatureCache:
 
     # -- one layer file --------------------------------------------------------------------------------------
 
-    def _read(self, folder: Path, layer: int, num_tokens: int, hidden: int) -> torch.Tensor | None:
+    def _read(self, folder: Path, layer: int, num_tokens: int, hidden: int, report: bool = True) -> torch.Tensor | None:
         record_file, data_file = folder / f"layer-{layer}.json", folder / f"layer-{layer}.safetensors"
         if not record_file.is_file():
             return None
@@ -154,7 +155,9 @@ class FeatureCache:
         try:
             record = json.loads(record_file.read_text(encoding="utf-8"))
             problem = None
-            if record.get("format") != FORMAT or record.get("version") != VERSION:
+            if not isinstance(record, dict):
+                problem = f"{record_file.name} is not a record"
+            elif record.get("format") != FORMAT or record.get("version") != VERSION:
                 problem = f"format {record.get('format')!r} version {record.get('version')!r}"
             elif record.get("shape") != [num_tokens, hidden]:
                 problem = f"shape {record.get('shape')} instead of {[num_tokens, hidden]}"
@@ -168,18 +171,26 @@ class FeatureCache:
                     return tensor
         except (OSError, ValueError, KeyError, SafetensorError) as err:
             problem = f"unreadable ({err})"
-        self.stats.verify_failures.append(f"{data_file}: {problem}")
-        logger.warning("feature cache: %s %s; computing it again", data_file, problem)
+        if report:
+            self.stats.verify_failures.append(f"{data_file}: {problem}")
+            logger.warning("feature cache: %s %s; computing it again", data_file, problem)
         return None
 
     def _write(self, folder: Path, layer: int, tensor_TH: torch.Tensor, key: SplitKey, encoder_batches: int) -> None:
         from safetensors.torch import save_file
 
         data_file, record_file = folder / f"layer-{layer}.safetensors", folder / f"layer-{layer}.json"
+        for stale in folder.glob(f".layer-{layer}.safetensors.*.tmp"):
+            stale.unlink(missing_ok=True)  # a killed writer's; we hold the folder's lock, so no live one's
         tmp = folder / f".layer-{layer}.safetensors.{os.getpid()}.tmp"
-        save_file({"hidden": tensor_TH}, str(tmp))
+        try:
+            save_file({"hidden": tensor_TH}, str(tmp))
+            digest = sha256_file(tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not leave a half-written layer behind
+            raise
         record = {"format": FORMAT, "version": VERSION, "layer": layer, "shape": list(tensor_TH.shape),
-                  "dtype": str(STORED_DTYPE).removeprefix("torch."), "sha256": sha256_file(tmp),
+                  "dtype": str(STORED_DTYPE).removeprefix("torch."), "sha256": digest,
                   "encoder_batches": encoder_batches, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   **key.__dict__}
         # The record goes last: it is what says the layer exists.

@@ -138,9 +138,9 @@ def _make_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
         path = Path(tempfile.mkdtemp(prefix="bertpipe-ray-"))
     else:
         path = Path(temp_dir).resolve()
-        if path.exists() and any(path.iterdir()):  # someone else's folder: used, never deleted
+        if path.exists():  # the user's folder, even an empty one: used, never deleted
             return path, False
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True)
     (path / MARKER).write_text(f"created by bertpipe sweep (pid {os.getpid()}) for its local Ray; "
                                "deleted when that sweep ends\n")
     return path, True

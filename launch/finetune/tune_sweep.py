@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -56,6 +57,7 @@ CONFIG_FILE = "sweep_config.json"
 SWEEP_FILES = (CONFIG_FILE, EXPERIMENT, "trials", "fault_injection", "results.json", "results.md", "sweep.png")
 RECORD = "trial_result.json"  # OUT/trials/<trial>/: a finished trial's settings and metrics
 NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
+REFUSED = "bertpipe_refused"  # a trial's report when its input was refused: the one-line reason
 
 
 class InjectedFault(RuntimeError):
@@ -107,17 +109,17 @@ def expand(tasks: Sequence[str], grid: dict[str, list[Any]], seeds: Sequence[int
     return points
 
 
-def _name(point: dict[str, Any]) -> str:
+def trial_name(point: dict[str, Any]) -> str:
     return f"{point['task']}-{point['index']:03d}"
 
 
-def _trial_name(trial) -> str:
-    return _name(trial.config["point"])
+def _tune_trial_name(trial) -> str:
+    return trial_name(trial.config["point"])
 
 
 def _settings(base: dict[str, Any], point: dict[str, Any], trials_dir: Path) -> dict[str, Any]:
     """One trial's FinetuneConfig fields: the sweep's base, its grid point and seed, its own output folder."""
-    return {**base, **{k: v for k, v in point.items() if k != "index"}, "out": str(trials_dir / _name(point))}
+    return {**base, **{k: v for k, v in point.items() if k != "index"}, "out": str(trials_dir / trial_name(point))}
 
 
 def shared_base(base: dict[str, Any], points: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -132,16 +134,33 @@ def _digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def write_record(trial_dir: Path, settings: dict[str, Any], metrics: dict[str, float]) -> Path:
+def inputs_fingerprint(checkpoint: str | Path, data_dir: str | Path) -> str:
+    """What the checkpoint and data folders hold, cheaply: sha256 over every file's path, size and
+    modification time (bertpipe's own `export/` and hidden files aside). A trial is kept on resume only
+    if it ran on the same; settings alone name the folders, whose files may have been replaced since."""
+    h = hashlib.sha256()
+    for root in (Path(checkpoint), Path(data_dir)):
+        files = [root] if root.is_file() else sorted(
+            p for p in root.rglob("*") if p.is_file()
+            and not any(part.startswith(".") or part == "export" for part in p.relative_to(root).parts))
+        for p in files:
+            st = p.stat()
+            h.update(f"{p.relative_to(root) if p != root else p.name}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+        h.update(b"--\n")
+    return h.hexdigest()
+
+
+def write_record(trial_dir: Path, settings: dict[str, Any], metrics: dict[str, float], inputs: str) -> Path:
     """Record a finished trial durably: written, fsynced and renamed into place (then the folder fsynced),
     so that a crash at any moment leaves either no record or a complete one."""
-    body = {"settings": settings, "metrics": metrics}
+    body = {"settings": settings, "metrics": metrics, "inputs": inputs}
     return write_text_atomic(trial_dir / RECORD,
                              json.dumps({**body, "sha256": _digest(body)}, indent=2, sort_keys=True) + "\n")
 
 
-def read_record(trial_dir: Path, settings: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
-    """(the recorded metrics, "") for a complete record of a trial with exactly `settings`, else (None, why)."""
+def read_record(trial_dir: Path, settings: dict[str, Any], inputs: str) -> tuple[dict[str, float] | None, str]:
+    """(the recorded metrics, "") for a complete record of a trial with exactly `settings` on `inputs`
+    (`inputs_fingerprint`), else (None, why)."""
     path = trial_dir / RECORD
     if not path.is_file():
         return None, ""
@@ -149,11 +168,14 @@ def read_record(trial_dir: Path, settings: dict[str, Any]) -> tuple[dict[str, fl
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         return None, f"{path} does not parse ({err})"
-    body = {"settings": data.get("settings"), "metrics": data.get("metrics")} if isinstance(data, dict) else {}
+    body = ({"settings": data.get("settings"), "metrics": data.get("metrics"), "inputs": data.get("inputs")}
+            if isinstance(data, dict) else {})
     if not body or data.get("sha256") != _digest(body):
         return None, f"{path} does not match its sha256 (torn or edited)"
     if body["settings"] != json.loads(json.dumps(settings)):
         return None, f"{path} records a run with other settings"
+    if body["inputs"] != inputs:
+        return None, f"{path} records a run on other files: the checkpoint or the data changed since"
     return body["metrics"], ""
 
 
@@ -173,10 +195,14 @@ def _trainable(config: dict[str, Any]) -> None:
             raise InjectedFault(f"trial {point['index']}: injected crash on its first attempt (test hook)")
     # Outputs go straight to OUT/trials/ (storage every node sees), not through Tune's artifact sync.
     settings = _settings(config["base"], point, Path(config["trials_dir"]))
-    result = finetune(from_dict(FinetuneConfig, settings))
+    try:
+        result = finetune(from_dict(FinetuneConfig, settings))
+    except ValueError as err:  # bad input or settings (DataError): every attempt would fail alike, so it
+        tune.report({REFUSED: str(err)})  # is reported as the trial's result, not raised and retried
+        return
     numeric = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     # Recorded before Tune hears of it: a driver killed from here on never runs this trial again.
-    write_record(Path(settings["out"]), settings, numeric)
+    write_record(Path(settings["out"]), settings, numeric, config["inputs"])
     tune.report(numeric)
 
 
@@ -235,13 +261,14 @@ def run_sweep(
         raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
     refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=holds_sweep(out))
 
+    inputs = inputs_fingerprint(base["checkpoint"], base["data_dir"])
     recorded: dict[int, dict[str, float]] = {}
     for p in points if resume else ():
-        metrics, why = read_record(trials_dir / _name(p), settings[p["index"]])
+        metrics, why = read_record(trials_dir / trial_name(p), settings[p["index"]], inputs)
         if metrics is not None:
             recorded[p["index"]] = metrics
         elif why:
-            logger.warning("%s: %s; running it again", _name(p), why)
+            logger.warning("%s: %s; running it again", trial_name(p), why)
     pending = [p for p in points if p["index"] not in recorded]
     if resume:
         logger.info("resuming the sweep in %s: %d of %d trials already finished, %d to run",
@@ -249,13 +276,13 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(
         {"tasks": tasks, "grid": grid_values, "seeds": seed_list, "base": base}, indent=2) + "\n")
-    outcomes = _run_trials(pending, base, out, address=address, num_cpus=num_cpus, temp_dir=temp_dir,
+    outcomes = _run_trials(pending, base, out, inputs, address=address, num_cpus=num_cpus, temp_dir=temp_dir,
                            cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
                            max_failures=max_failures, crash_first_attempt=crash_first_attempt) if pending else {}
     trials = []
     for p in points:
         # A trial's record is the truth; Tune's report stands in only where OUT/trials is not visible here.
-        metrics = recorded.get(p["index"]) or read_record(trials_dir / _name(p), settings[p["index"]])[0]
+        metrics = recorded.get(p["index"]) or read_record(trials_dir / trial_name(p), settings[p["index"]], inputs)[0]
         outcome = outcomes.get(p["index"], {})
         if metrics is None and outcome.get("error") is None:
             metrics = outcome.get("metrics")
@@ -264,7 +291,7 @@ def run_sweep(
     return write_results(out, trials, name=name or Path(checkpoint).name, grid=grid)
 
 
-def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, *, address: str | None,
+def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, inputs: str, *, address: str | None,
                 num_cpus: int | None, temp_dir: str | None, cpus_per_trial: float, gpus_per_trial: float | None,
                 max_failures: int, crash_first_attempt: int | None) -> dict[int, dict[str, Any]]:
     """Run `pending` as one Tune experiment in OUT/tune; per trial index, Tune's metrics or error."""
@@ -278,9 +305,10 @@ def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, 
         tuner = tune.Tuner(
             trainable,
             param_space={"point": tune.grid_search(pending), "base": shared_base(base, pending), "crash_first_attempt": crash_first_attempt,
-                         "fault_dir": str(out / "fault_injection"), "trials_dir": str(out / "trials")},
+                         "fault_dir": str(out / "fault_injection"), "trials_dir": str(out / "trials"),
+                         "inputs": inputs},
             # reuse_actors: the next trial runs in a worker that already imported torch and the model code.
-            tune_config=tune.TuneConfig(trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+            tune_config=tune.TuneConfig(trial_name_creator=_tune_trial_name, trial_dirname_creator=_tune_trial_name,
                                         reuse_actors=True),
             run_config=tune.RunConfig(
                 name=EXPERIMENT, storage_path=str(out), verbose=1,
@@ -299,10 +327,20 @@ def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, 
                 os.environ.pop(NO_TUNE_SIGINT, None)
             else:
                 os.environ[NO_TUNE_SIGINT] = previous
-        return {r.config["point"]["index"]: {
-            "metrics": _our_metrics(r.metrics) if r.error is None else None,
-            "error": None if r.error is None else f"{type(r.error).__name__}: {r.error}".splitlines()[0],
-        } for r in grid_result}
+        return {r.config["point"]["index"]: _outcome(r) for r in grid_result}
+
+
+def _outcome(result) -> dict[str, Any]:
+    """A Tune result as {metrics, error}; the error is one line: the refusal's reason, or the exception
+    the trial raised (Ray wraps it in RayTaskError, whose own first line names only the actor)."""
+    refused = (result.metrics or {}).get(REFUSED)
+    if refused:
+        return {"metrics": None, "error": f"refused: {refused}"}
+    if result.error is None:
+        return {"metrics": _our_metrics(result.metrics), "error": None}
+    cause = getattr(result.error, "cause", None) or result.error
+    text = re.sub(r"\x1b\[[0-9;]*m", "", f"{type(cause).__name__}: {cause}").strip()
+    return {"metrics": None, "error": text.splitlines()[0] if text else type(cause).__name__}
 
 
 # Keys Ray Tune adds to every reported result; the rest are the fine-tuning run's own metrics.

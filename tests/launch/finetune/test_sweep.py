@@ -144,6 +144,8 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     first = run_sweep(["sst2"], tiny_checkpoint, GLUE, out2, grid="quick", overrides=TRIAL,
                       crash_first_attempt=0, max_failures=0)
     assert first.failed == 1 and first.summary["sst2"]["failed"][0]["index"] == 0
+    # the trial's own exception, not Ray's wrapper line naming the actor
+    assert first.trials[0]["error"].startswith("InjectedFault: trial 0: injected crash"), first.trials[0]["error"]
     # Tune copies trial dirs into OUT (file times change); a re-run would write a new result line.
     done = out2 / "tune" / "sst2-001" / "result.json"
     before = done.read_text()
@@ -151,6 +153,17 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     assert resumed.failed == 0 and len(resumed.trials) == 2
     assert done.read_text() == before  # the finished trial was kept, not re-run
     assert (out2 / "trials" / "sst2-000" / "metrics.json").is_file()
+
+    # Bad input is refused in one line naming the file, and not retried: every attempt would fail alike.
+    data = tmp_path / "bad" / "SST-2"
+    data.mkdir(parents=True)
+    shutil.copy(GLUE / "SST-2" / "train.tsv", data / "train.tsv")
+    (data / "dev.tsv").write_text("sentence\tlabel\na fine film .\t7\n")
+    bad = run_sweep(["sst2"], tiny_checkpoint, data.parent, tmp_path / "refused", grid={"lr": [5e-5]},
+                    overrides=TRIAL, max_failures=1)
+    assert bad.failed == 1
+    assert bad.trials[0]["error"] == f"refused: {data / 'dev.tsv'}:2: unknown label '7'; SST-2 labels are ['0', '1']"
+    assert not (tmp_path / "refused" / "tune" / "sst2-000" / "error.txt").exists()  # no attempt raised
 
 
 def test_a_folder_with_the_users_results_md_is_refused_before_ray_starts(tiny_checkpoint, tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launch.finetune.local_ray import MARKER, _make_temp_dir, remove_temp_dir
-from launch.finetune.tune_sweep import RECORD, read_record, write_record
+from launch.finetune.tune_sweep import RECORD, inputs_fingerprint, read_record, write_record
 import as_from_a_shell
 from repo_paths import GLUE
 
@@ -162,22 +162,36 @@ def test_ctrl_c_on_sweep_is_one_line_and_exit_130(tiny_checkpoint, tmp_path, ray
     assert not ray_temp.exists()
 
 
-def test_trial_records_verify_their_settings_and_checksum(tmp_path):
+def test_trial_records_verify_their_settings_inputs_and_checksum(tmp_path):
     settings = {"task": "sst2", "lr": 5e-5, "batch_size": 32, "out": str(tmp_path)}
     metrics = {"accuracy": 0.5, "score": 0.5}
-    assert read_record(tmp_path, settings) == (None, "")  # not finished: no record, nothing to say
-    path = write_record(tmp_path, settings, metrics)
-    assert read_record(tmp_path, settings) == (metrics, "")
+    assert read_record(tmp_path, settings, "in") == (None, "")  # not finished: no record, nothing to say
+    path = write_record(tmp_path, settings, metrics, "in")
+    assert read_record(tmp_path, settings, "in") == (metrics, "")
     assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD]  # no temporary file left behind
-    got, why = read_record(tmp_path, {**settings, "lr": 3e-5})
+    got, why = read_record(tmp_path, {**settings, "lr": 3e-5}, "in")
     assert got is None and "other settings" in why
+    got, why = read_record(tmp_path, settings, "other")
+    assert got is None and "the checkpoint or the data changed" in why
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "metrics": {"accuracy": 0.9, "score": 0.9}}))
-    got, why = read_record(tmp_path, settings)
+    got, why = read_record(tmp_path, settings, "in")
     assert got is None and "sha256" in why and str(path) in why
     path.write_text(path.read_text()[:40])  # torn
-    got, why = read_record(tmp_path, settings)
+    got, why = read_record(tmp_path, settings, "in")
     assert got is None and "does not parse" in why
+
+
+def test_inputs_fingerprint_sees_a_checkpoint_rewritten_in_place(tiny_checkpoint, tmp_path):
+    ckpt = Path(shutil.copytree(tiny_checkpoint, tmp_path / "ckpt"))
+    before = inputs_fingerprint(ckpt, GLUE / "SST-2")
+    (ckpt / "export").mkdir()  # what bertpipe writes into a run dir itself does not count
+    (ckpt / "export" / "x.safetensors").write_bytes(b"x")
+    assert inputs_fingerprint(ckpt, GLUE / "SST-2") == before
+    weights = next(ckpt.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")  # new weights, same path
+    os.utime(weights, ns=(0, weights.stat().st_mtime_ns + 1_000_000))
+    assert inputs_fingerprint(ckpt, GLUE / "SST-2") != before
 
 
 def test_only_a_ray_temp_dir_bertpipe_created_is_removed(tmp_path):
@@ -187,6 +201,10 @@ def test_only_a_ray_temp_dir_bertpipe_created_is_removed(tmp_path):
     path, owned = _make_temp_dir(str(foreign))
     assert not owned and not (foreign / MARKER).exists()
     assert not remove_temp_dir(foreign) and (foreign / "keep.txt").is_file()
+    empty = tmp_path / "empty"  # made by the user for this: theirs all the same
+    empty.mkdir()
+    path, owned = _make_temp_dir(str(empty))
+    assert not owned and not remove_temp_dir(empty) and empty.is_dir()
     path, owned = _make_temp_dir(str(tmp_path / "new"))
     assert owned and (path / MARKER).is_file()
     (path / "session_x").mkdir()
