@@ -1,7 +1,8 @@
 """BERT as plain nn.Modules: encoder, pre-training and fine-tuning heads, HF checkpoint adapter.
 
 Nothing in this package imports torch.distributed, deepspeed, ray, apache_beam or argparse
-(tests/test_model_imports.py keeps it so): parallelism and launching are applied from outside.
+(tests/test_layering.py::test_model_package_imports_nothing_forbidden keeps it so): parallelism
+and launching are applied from outside.
 
     from model import BertConfig, BertForPreTraining, apply_activation_checkpointing
     model = BertForPreTraining(BertConfig.preset("base", unpad=True, pad_vocab_multiple=64))

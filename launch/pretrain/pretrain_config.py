@@ -134,16 +134,20 @@ class CheckpointSection:
 
 @dataclass
 class LogSection:
-    """log_every: steps between metrics lines; eval_every: steps between held-out evaluations (0 = off).
-    eval_samples: held-out samples per evaluation. peak_tflops: per-device peak for the MFU
-    estimate (null = the spec-sheet bf16 peak of a known GPU in bf16/fp16; not reported on CPU). sample_ids: record each step's global sample ids in
-    metrics.jsonl (for audits and the resume tests). max_nonfinite_steps: stop after this many
-    non-finite losses in a row.
+    """log_every: steps between metrics lines.
+    eval_every: steps between held-out evaluations (0 = off).
+    eval_samples: held-out samples per evaluation.
+    tensorboard: write TensorBoard events to RUN/tensorboard/.
+    progress_bar: a progress bar on rank 0.
+    peak_tflops: per-device peak for the MFU estimate (null = the spec-sheet bf16 peak of a known
+      GPU in bf16/fp16; not reported on CPU).
+    sample_ids: record each step's global sample ids in metrics.jsonl (for audits and the resume tests).
+    max_nonfinite_steps: stop after this many non-finite losses in a row.
     """
 
-    log_every: int = 1
+    log_every: int = 1  # steps between metrics lines
     eval_every: int = 500  # steps between held-out evaluations (0 = off)
-    eval_samples: int = 2048
+    eval_samples: int = 2048  # held-out samples per evaluation
     tensorboard: bool = True  # write TensorBoard events to RUN/tensorboard/
     progress_bar: bool = True  # a progress bar on rank 0
     peak_tflops: Optional[float] = None  # per-device peak for MFU (null: the spec-sheet peak of a known GPU)
