@@ -5,7 +5,8 @@ your own data: classify (single text or pair, any number of classes), regress, t
 from train/dev[/test] .csv, .tsv or .jsonl files.
 
 Writes OUT/metrics.json, OUT/predictions/, OUT/submission/<Task>.tsv (GLUE test files present),
-OUT/confusion_matrix.{txt,png} (classification), OUT/model/ (Hugging Face format), OUT/config.yaml.
+OUT/confusion_matrix.{txt,png} (classification), OUT/model/ (Hugging Face format), OUT/config.yaml,
+OUT/log_history.json and OUT/learning_curve.png (per-epoch evaluation), OUT/tensorboard/.
 
 examples:
   bertpipe finetune --task sst2 --data-dir data/glue --checkpoint runs/base --out out/sst2

@@ -15,7 +15,7 @@ class FinetuneConfig:
       task: a name from `launch.finetune.tasks.task_names()` (sst2, mnli, squad, conll2003, swag, classify, ...).
       data_dir: the GLUE-download-like directory (DIR/SST-2/train.tsv) or one holding the task's own files.
       checkpoint: a bertpipe pre-training RUN directory or a Hugging Face BERT directory.
-      out: output directory (metrics.json, predictions, the fine-tuned model).
+      out: output directory (metrics.json, predictions, log_history.json, learning_curve.png, tensorboard/, the model).
       vocab: optional vocabulary the user expects; refused unless it is the checkpoint's own.
     Optimisation (the paper's grid: batch 16/32, lr 5e-5/3e-5/2e-5, epochs 2/3/4):
       lr, batch_size, epochs, warmup (fraction of steps with linear warm-up, then linear decay),
@@ -50,7 +50,7 @@ class FinetuneConfig:
     task: str = ""  # sst2, mnli, qqp, qnli, cola, stsb, mrpc, rte, wnli, squad, conll2003, swag, classify, regress, tag
     data_dir: str = ""  # GLUE-download-like dir (DIR/SST-2/train.tsv) or one holding the task's own files
     checkpoint: str = ""  # a bertpipe pre-training RUN dir or a Hugging Face BERT dir
-    out: str = ""  # output directory (metrics.json, predictions, the fine-tuned model)
+    out: str = ""  # output directory (metrics.json, predictions, log_history.json, learning_curve.png, tensorboard/, the model)
     vocab: str | None = None  # vocabulary you expect the checkpoint to use; refused unless it is the checkpoint's own
     lr: float = 2e-5  # peak learning rate (paper grid: 5e-5, 3e-5, 2e-5)
     batch_size: int = 32  # training batch size (paper grid: 16, 32)
