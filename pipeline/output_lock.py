@@ -3,10 +3,14 @@ never a write over a file in it that bertpipe did not write (`refuse_others_file
 
 `corpus`, `pretrain`, `finetune` and `sweep` hold `OUT/.bertpipe.lock` while they write `OUT`. A second
 command on the same `OUT` is refused with a message naming the holder. A lock left by a process that
-died (same host, pid gone) is taken over with a warning; a lock from another host cannot be checked
-and is refused, with the way out in the message. The lock is created with O_EXCL, so two commands
-starting at the same moment cannot both get it; only local directories are locked (object stores
-have no such primitive; the engines' own job ids keep those apart).
+died (same host, pid gone, or the pid now another process's: a restarted container reuses pids) is
+taken over with a warning. The holder also refreshes the lock file's modification time every
+HEARTBEAT_S seconds (a lease): a lock from another host, whose pid cannot be checked (a restarted
+Kubernetes pod, a new Ray head), is taken over once no refresh is seen for LEASE_S seconds, and
+refused as soon as one is. A lock file without a heartbeat (an older bertpipe) from another host is
+refused, with the way out in the message. The lock is created with O_EXCL, so two commands starting at the
+same moment cannot both get it; only local or mounted directories are locked (object stores have no
+such primitive; the engines' own job ids keep those apart).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterable
@@ -23,10 +28,21 @@ from typing import Iterable
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".bertpipe.lock"
+HEARTBEAT_S = 15.0  # the holder refreshes the lock file's modification time this often
+LEASE_S = 60.0  # without a refresh for this long (watched for at least 2 heartbeats), the holder is gone
 
 
 class OutputLocked(ValueError):
     """Another live process writes this output directory (a user error: the message says what to do)."""
+
+
+def _start_time(pid: int) -> str | None:
+    """When `pid` started (clock ticks since boot, Linux's /proc), to tell a reused pid from its holder."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -48,6 +64,7 @@ class OutputLock:
         self.command = command
         self._owned = False
         self._created = False
+        self._stop_heartbeat = threading.Event()
 
     def acquire(self) -> "OutputLock":
         if "://" in str(self.out):
@@ -59,7 +76,8 @@ class OutputLock:
         self._created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
-                  "argv": sys.argv[1:], "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+                  "argv": sys.argv[1:], "since": time.strftime("%Y-%m-%d %H:%M:%S"), "heartbeat_s": HEARTBEAT_S,
+                  "pid_start": _start_time(os.getpid())}
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -68,18 +86,56 @@ class OutputLock:
                 if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
                     return self  # this process already holds it (e.g. the CLI around a library call)
                 if self._stale(holder):
-                    log.warning("taking over the lock %s of %s (pid %s, which is no longer running)",
+                    log.warning("taking over the lock %s of %s (pid %s, which is no longer running or is another process now)",
                                 self.path, holder.get("command", "?"), holder.get("pid", "?"))
+                    self.path.unlink(missing_ok=True)
+                    continue
+                if self._lease_expired(holder):
+                    log.warning("taking over the lock %s of %s (pid %s on %s): not refreshed for %.0f s, its holder is gone",
+                                self.path, holder.get("command", "?"), holder.get("pid", "?"), holder.get("host", "?"),
+                                LEASE_S)
                     self.path.unlink(missing_ok=True)
                     continue
                 raise OutputLocked(self._refusal(holder)) from None
             with os.fdopen(fd, "w") as f:
                 json.dump(record, f)
             self._owned = True
+            threading.Thread(target=self._heartbeat, name="bertpipe-lock-heartbeat", daemon=True).start()
             return self
         raise OutputLocked(f"could not take the lock {self.path} (another process keeps recreating it)")
 
+    def _heartbeat(self) -> None:
+        while not self._stop_heartbeat.wait(HEARTBEAT_S):
+            try:
+                os.utime(self.path)
+            except OSError:
+                pass  # the directory went away: nothing left to hold
+
+    def _lease_expired(self, holder: dict) -> bool:
+        """For a holder that keeps a heartbeat: watch the lock file; a refresh proves it alive (False);
+        none for LEASE_S (and for at least two heartbeats of our own watching, whatever the clocks of
+        the hosts sharing the directory say) proves it gone (True)."""
+        if "heartbeat_s" not in holder or holder.get("host") == socket.gethostname():
+            return False
+        try:
+            seen = self.path.stat().st_mtime
+        except OSError:
+            return True
+        start = time.monotonic()
+        wait = max(LEASE_S - (time.time() - seen), 2 * float(holder["heartbeat_s"]))
+        log.info("lock %s of %s (pid %s on %s): watching its heartbeat for up to %.0f s", self.path,
+                 holder.get("command", "?"), holder.get("pid", "?"), holder.get("host", "?"), wait)
+        while time.monotonic() - start < wait:
+            time.sleep(min(1.0, wait / 20))
+            try:
+                if self.path.stat().st_mtime != seen:
+                    return False
+            except OSError:
+                return True
+        return True
+
     def release(self) -> None:
+        self._stop_heartbeat.set()
         if self._owned:
             holder = self._holder()
             if holder.get("pid") == os.getpid():
@@ -111,7 +167,11 @@ class OutputLock:
                 return time.time() - self.path.stat().st_mtime > 10
             except OSError:
                 return True
-        return holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", -1)))
+        if holder.get("host") != socket.gethostname():
+            return False  # its pid means nothing here: see `_lease_expired`
+        pid = int(holder.get("pid", -1))
+        started = holder.get("pid_start")
+        return not _pid_alive(pid) or (started is not None and _start_time(pid) not in (None, started))
 
     def _refusal(self, holder: dict) -> str:
         who = f"`bertpipe {holder.get('command', '?')}` (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, " \

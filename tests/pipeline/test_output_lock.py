@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -58,3 +60,64 @@ def test_another_hosts_lock_is_refused_with_the_way_out(tmp_path):
     _write_lock(out, 1, host="some-other-node")
     with pytest.raises(OutputLocked, match=f"delete {out / LOCK_NAME}"):
         OutputLock(out, "sweep").acquire()
+
+
+def test_the_holder_keeps_a_heartbeat(tmp_path, monkeypatch):
+    from pipeline import output_lock
+
+    monkeypatch.setattr(output_lock, "HEARTBEAT_S", 0.05)
+    out = tmp_path / "out"
+    with OutputLock(out, "sweep"):
+        lock = out / LOCK_NAME
+        os.utime(lock, (0, 0))
+        deadline = time.monotonic() + 5
+        while lock.stat().st_mtime == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lock.stat().st_mtime > 0, "the holder did not refresh its lock"
+
+
+def _remote_lock(out, heartbeat_s):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "ray-head-x7k2p", "command": "sweep",
+                                             "since": "then", "heartbeat_s": heartbeat_s}))
+
+
+def test_another_hosts_lock_without_a_heartbeat_is_taken_over_and_with_one_refused(tmp_path, monkeypatch, caplog):
+    """A retried RayJob (a new head pod) or a rescheduled pod finds its dead predecessor's lock."""
+    from pipeline import output_lock
+
+    monkeypatch.setattr(output_lock, "LEASE_S", 0.5)
+    out = tmp_path / "dead"
+    _remote_lock(out, 0.1)
+    with caplog.at_level("WARNING"), OutputLock(out, "sweep"):
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert "(pid 1 on ray-head-x7k2p): not refreshed for 0 s, its holder is gone" in caplog.text
+
+    live = tmp_path / "live"
+    _remote_lock(live, 0.1)
+    stop = threading.Event()
+
+    def beat():  # the other host's holder, alive
+        while not stop.wait(0.05):
+            os.utime(live / LOCK_NAME)
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        with pytest.raises(OutputLocked, match="ray-head-x7k2p"):
+            OutputLock(live, "sweep").acquire()
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_reused_pid_on_the_same_host_does_not_hold_the_lock(tmp_path, caplog):
+    """A restarted container keeps its hostname and starts pids afresh: the recorded pid may now be
+    another live process, told apart by its start time."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(), "command": "pretrain",
+                                             "since": "then", "heartbeat_s": 15, "pid_start": "1"}))
+    with caplog.at_level("WARNING"), OutputLock(out, "pretrain"):
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert "another process now" in caplog.text
