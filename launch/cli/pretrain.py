@@ -10,7 +10,8 @@ overrides any field of it (`--zero.stage 2 --optim.lr 1e-3`; `--max-steps N` is
 launcher instead:
 
   deepspeed --hostfile HOSTS --module launch.pretrain --config bert-large-phase1 --data CORPUS --out RUN
-  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m launch.pretrain --config ... ...
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-id RUN --rdzv-endpoint HOST:29500 \
+      -m launch.pretrain --config ... ...
 
 The run directory gets config.yaml (resolved), ds_config.json (generated), vocab.txt,
 metrics.jsonl, tensorboard/ and checkpoints/ (atomic; `latest` moves last). SIGTERM (preemption)

@@ -211,13 +211,16 @@ class Trainer:
                  cfg.data.micro_batch_size, self.grad_accum, self.world, len(self.train_split), self.step)
 
     def _resume_meta(self) -> dict[str, Any] | None:
-        refuse_others_files(self.run_dir, RUN_FILES, RUN_MARKER, "pretrain", ours=is_run_dir(self.run_dir))
+        # Rank 0's view for every rank: on shared storage their caches may disagree, and ranks that chose
+        # differently (resume or fresh) would hang in the next collective.
+        has_run = on_rank0(lambda: is_run_dir(self.run_dir))
+        refuse_others_files(self.run_dir, RUN_FILES, RUN_MARKER, "pretrain", ours=has_run)
         if not self.resume:
-            if is_run_dir(self.run_dir):
+            if has_run:
                 raise ValueError(f"{self.run_dir} already has checkpoints; pass --resume to continue it, "
                                  f"or choose a new --out")
             return None
-        if not is_run_dir(self.run_dir):
+        if not has_run:
             log.info("--resume: no checkpoint in %s yet; starting from step 0", self.ckpt_dir)
             return None
         # The newest checkpoint whose files match their recorded sha256s and hold tensors only.

@@ -134,6 +134,9 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
         )
         return
     program = argv[0]
+    if program == "/usr/bin/tini":  # PID 1 that forwards SIGTERM to the whole group (-g): the command after --
+        assert argv[1:3] == ["-g", "--"] and "tini" in (REPO / "docker" / "Dockerfile.cuda").read_text(), where
+        return check_command(where, argv[3:], spec, monkeypatch, capsys, caplog)
     if program == "bertpipe":
         check_bertpipe(argv[1:], where, capsys, caplog)
     elif program == "deepspeed":
@@ -143,6 +146,8 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
         assert launcher.module and launcher.user_script == "launch.pretrain", where
         if launcher.launcher == "openmpi":  # DeepSpeed's OpenMPI runner refuses these (validate_args)
             assert launcher.num_gpus == -1 and launcher.num_nodes == -1 and not launcher.include, where
+            # mpirun starts the ranks over ssh with only the variables it is told to pass on
+            assert "-x OMP_NUM_THREADS=" in launcher.launcher_args, where
         check_pretrain_worker(launcher.user_args, where, monkeypatch, capsys)
     elif program == "torchrun":
         from torch.distributed.run import get_args_parser
@@ -155,6 +160,10 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
         port = re.search(r"^Port (\d+)$", (REPO / "docker" / "sshd_config").read_text(), re.M)
         assert port and spec["readinessProbe"]["tcpSocket"]["port"] == int(port.group(1)), where
         assert "docker/sshd_config /home/bertpipe/.sshd_config" in (REPO / "docker" / "Dockerfile.cuda").read_text()
+        # sshd is PID 1: on deletion the ranks under it must be stopped (and waited for) before it exits
+        stop = " ".join(spec["lifecycle"]["preStop"]["exec"]["command"])
+        assert "pkill -TERM -f 'launch[.]pretrain'" in stop and "pgrep" in stop, where
+        assert "procps" in (REPO / "docker" / "Dockerfile.cuda").read_text(), where
     elif program == "/opt/apache/beam/boot":
         assert argv == ["/opt/apache/beam/boot", "--worker_pool"], where
         assert "/opt/apache/beam /opt/apache/beam" in (REPO / "docker" / "Dockerfile.cpu").read_text()
@@ -172,6 +181,7 @@ def test_every_stage_runs_a_bertpipe_command() -> None:
     """The manifests cover the pipeline: download, corpus, pretrain (each launcher), sweep."""
     seen = set()
     for _, argv, _ in _manifest_commands():
+        argv = argv[3:] if argv[:1] == ["/usr/bin/tini"] else argv
         if argv[:1] == ["bertpipe"]:
             seen.add(argv[1])
         elif argv[:1] in (["deepspeed"], ["torchrun"]):
