@@ -246,6 +246,10 @@ def policy_findings(doc: Any, source: str) -> list[Finding]:
         shm_volumes = {
             v.get("name") for v in pod.get("volumes") or [] if (v.get("emptyDir") or {}).get("medium") == "Memory"
         }
+        volumes = {v.get("name") for v in pod.get("volumes") or []}
+        for j, volume in enumerate(pod.get("volumes") or []):
+            if "hostPath" in volume:
+                findings.append(Finding(source, name, f"{where}.volumes[{j}]", "hostPath volumes are not allowed"))
         for kind in ("initContainers", "containers"):
             for i, container in enumerate(pod.get(kind) or []):
                 cpath = f"{where}.{kind}[{i}]"
@@ -256,6 +260,15 @@ def policy_findings(doc: Any, source: str) -> list[Finding]:
                     findings.append(Finding(source, name, f"{cpath}.securityContext", "set allowPrivilegeEscalation: false"))
                 if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
                     findings.append(Finding(source, name, f"{cpath}.securityContext", "drop ALL capabilities"))
+                if (sc.get("capabilities") or {}).get("add"):
+                    findings.append(Finding(source, name, f"{cpath}.securityContext", "no capabilities may be added"))
+                # A container's own settings override the pod's: root there undoes runAsNonRoot above.
+                if sc.get("runAsNonRoot") is False or sc.get("runAsUser") == 0:
+                    findings.append(Finding(source, name, f"{cpath}.securityContext", "containers must not run as root"))
+                for k, mount in enumerate(container.get("volumeMounts") or []):
+                    if mount.get("name") not in volumes:  # the API server refuses the pod
+                        findings.append(Finding(source, name, f"{cpath}.volumeMounts[{k}]",
+                                                f"mounts volume {mount.get('name')!r}, which the pod does not define"))
                 limits = (container.get("resources") or {}).get("limits") or {}
                 if "nvidia.com/gpu" in limits:
                     mounts = {m.get("name") for m in container.get("volumeMounts") or [] if m.get("mountPath") == "/dev/shm"}

@@ -229,6 +229,17 @@ def test_policy_catches_root_privilege_and_a_missing_dev_shm(rendered) -> None:
         assert expected in messages, messages
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}}
     assert policy_findings(secret, "t")
+    # What the schemas allow and a cluster would still refuse, or a pod-level setting a container undoes.
+    broken = copy.deepcopy(job)
+    pod = broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    container = pod["containers"][0]
+    container["securityContext"].update(runAsUser=0, capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN"]})
+    container["volumeMounts"].append({"name": "nowhere", "mountPath": "/x"})
+    pod["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    messages = " | ".join(f.message for f in policy_findings(broken, "t"))
+    for expected in ("must not run as root", "no capabilities may be added", "'nowhere', which the pod does not define",
+                     "hostPath"):
+        assert expected in messages, messages
 
 
 def test_missing_kubectl_says_what_to_install(monkeypatch, tmp_path: Path) -> None:
