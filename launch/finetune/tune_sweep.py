@@ -57,6 +57,8 @@ CONFIG_FILE = "sweep_config.json"
 SWEEP_FILES = (CONFIG_FILE, EXPERIMENT, "trials", "fault_injection", "results.json", "results.md", "sweep.png")
 RECORD = "trial_result.json"  # OUT/trials/<trial>/: a finished trial's settings and metrics
 NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
+# Where a trial ran, not what it computed: a resume with other --cpus-per-trial keeps its finished trials.
+RESOURCE_SETTINGS = frozenset({"threads"})
 REFUSED = "bertpipe_refused"  # a trial's report when its input was refused: the one-line reason
 
 
@@ -172,8 +174,10 @@ def read_record(trial_dir: Path, settings: dict[str, Any], inputs: str) -> tuple
             if isinstance(data, dict) else {})
     if not body or data.get("sha256") != _digest(body):
         return None, f"{path} does not match its sha256 (torn or edited)"
-    if body["settings"] != json.loads(json.dumps(settings)):
-        return None, f"{path} records a run with other settings"
+    wanted, ran = json.loads(json.dumps(settings)), body["settings"] or {}
+    differ = sorted(k for k in set(wanted) | set(ran) if k not in RESOURCE_SETTINGS and wanted.get(k) != ran.get(k))
+    if differ:
+        return None, f"{path} records a run with other settings ({', '.join(differ)})"
     if body["inputs"] != inputs:
         return None, f"{path} records a run on other files: the checkpoint or the data changed since"
     return body["metrics"], ""

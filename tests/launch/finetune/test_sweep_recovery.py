@@ -170,7 +170,8 @@ def test_trial_records_verify_their_settings_inputs_and_checksum(tmp_path):
     assert read_record(tmp_path, settings, "in") == (metrics, "")
     assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD]  # no temporary file left behind
     got, why = read_record(tmp_path, {**settings, "lr": 3e-5}, "in")
-    assert got is None and "other settings" in why
+    assert got is None and "other settings (lr)" in why
+    assert read_record(tmp_path, {**settings, "threads": 2}, "in") == (metrics, "")  # where it ran, not what
     got, why = read_record(tmp_path, settings, "other")
     assert got is None and "the checkpoint or the data changed" in why
     data = json.loads(path.read_text())
