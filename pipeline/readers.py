@@ -89,10 +89,16 @@ def sniff_format(sample: bytes) -> str:
     lines = [ln.strip() for ln in head.split("\n")[:-1] if ln.strip()]
     if len(lines) >= 5:
         # One sentence per line: almost every line ends a sentence. Hard-wrapped prose: few do.
+        # Prose with one paragraph per line ends them too, but most of its lines hold several.
         enders = sum(ln.endswith((".", "!", "?", '"', "'", "\u201d", ")")) for ln in lines)
-        if enders / len(lines) >= 0.8:
+        paragraphs = sum(bool(_INNER_SENTENCE_END.search(ln)) for ln in lines)
+        if enders / len(lines) >= 0.8 and paragraphs / len(lines) < 0.5:
             return "lines"
     return "text"
+
+
+# A sentence ending inside a line, another starting: "... at Kellynch. Sir Walter ..."
+_INNER_SENTENCE_END = re.compile(r"\w[.!?][\"'\u201d)]?\s+[\"\u201c(]?[A-Z]")
 
 
 def looks_binary(sample: bytes) -> bool:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import re
 
 import pytest
 
@@ -302,3 +303,17 @@ def test_one_file_reached_by_two_spellings_is_read_once(tmp_path, monkeypatch, c
     with caplog.at_level(logging.INFO, logger="pipeline.sources"):
         files = expand_inputs(["./books", "books/a.txt", "link.txt", "books/a.txt"])
     assert files == ["./books/a.txt", "./books/b.txt"] and "dropped 3 repeated input file(s)" in caplog.text
+
+
+def test_prose_with_one_paragraph_per_line_is_not_taken_for_one_sentence_per_line(data_dir):
+    """Both end most lines with a full stop; a paragraph line holds several sentences. Read as `lines`,
+    each paragraph became a one-sentence document (every NSP pair random-next)."""
+    import blingfire
+
+    book = (data_dir / "books" / "persuasion.txt").read_text(encoding="utf-8")
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", book) if p.strip()][60:160]
+    assert sniff_format(("\n".join(paragraphs) + "\n").encode()) == "text"
+    assert sniff_format(("\n\n".join(paragraphs) + "\n").encode()) == "text"
+    # The same text one sentence per line, documents apart (google-research/bert's layout): lines
+    sentences = ["\n".join(blingfire.text_to_sentences(p).split("\n")) for p in paragraphs]
+    assert sniff_format(("\n\n".join(sentences) + "\n").encode()) == "lines"
