@@ -29,6 +29,7 @@ from urllib3.exceptions import HTTPError as TransportError, MaxRetryError, Proto
 from urllib3.util.retry import Retry
 
 from pipeline.download.checksums import RunningDigest, hash_file
+from pipeline.download.publish import only_writer, publish
 from pipeline.download.errors import (
     ChecksumMismatchError,
     DiskFullError,
@@ -256,65 +257,65 @@ def fetch(
     algorithms = tuple(sorted(set(checksums) | set(extra_digests)))
     dest.parent.mkdir(parents=True, exist_ok=True)
     part, meta = part_path(dest), _meta_path(dest)
-
-    if dest.exists() and checksums:
-        digests = hash_file(dest, algorithms)
-        if all(digests[a] == checksums[a] for a in checksums):
-            logger.info("%s already downloaded and verified", dest.name)
-            if progress is not None:
-                progress.update(dest.stat().st_size)
-            return FetchResult(dest, url, dest.stat().st_size, digests, skipped=True)
-        # fetch() only renames a verified download to `dest`, so this file is someone else's (a copy
-        # fetched by hand, cut short) or was damaged since: not ours to replace.
-        named = ", ".join(a for a in checksums if digests[a] != checksums[a])
-        raise ExistingFileError(
-            f"{dest} is already there but does not match its published {named} checksum, so it is not a "
-            "verified copy bertpipe wrote; move it aside (or delete it) and rerun to download it"
-        )
-
-    resumed_from = part.stat().st_size if part.exists() else 0
-    if resumed_from and progress is not None:
-        progress.update(resumed_from)
-    digest = RunningDigest(algorithms)
-    retry = policy.retry(cancel)
-    while True:
-        try:
-            outcome = _attempt(url, dest, expected_size, policy, retry, progress, cancel, digest)
-            if outcome is None:
-                break
-            # urllib3 retries up to the response headers; a body cut short is resumed here, on the same budget.
-            retry = retry.increment("GET", url, error=outcome.error)
-        except MaxRetryError as err:
-            have = part.stat().st_size if part.exists() else 0
-            raise NetworkError(
-                f"gave up on {url} after {policy.max_retries} retr{'y' if policy.max_retries == 1 else 'ies'} "
-                f"(last error: {_describe(err.reason)}); {part.name} ({have} bytes) is kept: rerun the same "
-                f"command to resume from byte {have}"
-            ) from None
-        except OSError as err:
-            if err.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise _disk_full(dest, err) from None
-            raise
-        retry.sleep()
-
-    size = part.stat().st_size
-    if expected_size is not None and size != expected_size:
-        raise ChecksumMismatchError(
-            f"{part} has {size} bytes but the mirror lists {expected_size}; it was kept but not used: "
-            f"delete it and rerun to download {dest.name} afresh"
-        )
-    digest.sync(part)
-    digests = digest.hexdigests()
-    for algorithm, want in checksums.items():
-        if digests[algorithm] != want:
-            raise ChecksumMismatchError(
-                f"{dest.name}: {algorithm} checksum mismatch (published {want}, downloaded {digests[algorithm]}); "
-                f"the file was kept as {part} but will not be used: delete it and rerun to download it afresh, "
-                "or try another --mirror"
+    with only_writer(dest):
+        if dest.exists() and checksums:
+            digests = hash_file(dest, algorithms)
+            if all(digests[a] == checksums[a] for a in checksums):
+                logger.info("%s already downloaded and verified", dest.name)
+                if progress is not None:
+                    progress.update(dest.stat().st_size)
+                return FetchResult(dest, url, dest.stat().st_size, digests, skipped=True)
+            # fetch() only renames a verified download to `dest`, so this file is someone else's (a copy
+            # fetched by hand, cut short) or was damaged since: not ours to replace.
+            named = ", ".join(a for a in checksums if digests[a] != checksums[a])
+            raise ExistingFileError(
+                f"{dest} is already there but does not match its published {named} checksum, so it is not a "
+                "verified copy bertpipe wrote; move it aside (or delete it) and rerun to download it"
             )
-    os.replace(part, dest)
-    meta.unlink(missing_ok=True)
-    return FetchResult(dest, url, size, digests, resumed_from=resumed_from, retries=retry.retries)
+
+        resumed_from = part.stat().st_size if part.exists() else 0
+        if resumed_from and progress is not None:
+            progress.update(resumed_from)
+        digest = RunningDigest(algorithms)
+        retry = policy.retry(cancel)
+        while True:
+            try:
+                outcome = _attempt(url, dest, expected_size, policy, retry, progress, cancel, digest)
+                if outcome is None:
+                    break
+                # urllib3 retries up to the response headers; a body cut short is resumed here, on the same budget.
+                retry = retry.increment("GET", url, error=outcome.error)
+            except MaxRetryError as err:
+                have = part.stat().st_size if part.exists() else 0
+                raise NetworkError(
+                    f"gave up on {url} after {policy.max_retries} retr{'y' if policy.max_retries == 1 else 'ies'} "
+                    f"(last error: {_describe(err.reason)}); {part.name} ({have} bytes) is kept: rerun the same "
+                    f"command to resume from byte {have}"
+                ) from None
+            except OSError as err:
+                if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise _disk_full(dest, err) from None
+                raise
+            retry.sleep()
+
+        size = part.stat().st_size
+        if expected_size is not None and size != expected_size:
+            raise ChecksumMismatchError(
+                f"{part} has {size} bytes but the mirror lists {expected_size}; it was kept but not used: "
+                f"delete it and rerun to download {dest.name} afresh"
+            )
+        digest.sync(part)
+        digests = digest.hexdigests()
+        for algorithm, want in checksums.items():
+            if digests[algorithm] != want:
+                raise ChecksumMismatchError(
+                    f"{dest.name}: {algorithm} checksum mismatch (published {want}, downloaded {digests[algorithm]}); "
+                    f"the file was kept as {part} but will not be used: delete it and rerun to download it afresh, "
+                    "or try another --mirror"
+                )
+        publish(part, dest)
+        meta.unlink(missing_ok=True)
+        return FetchResult(dest, url, size, digests, resumed_from=resumed_from, retries=retry.retries)
 
 
 def _attempt(
@@ -332,6 +333,12 @@ def _attempt(
     part, meta = part_path(dest), _meta_path(dest)
     offset = part.stat().st_size if part.exists() else 0
     saved = _read_meta(meta, url) if offset else {}
+    if offset and not saved:
+        # Bytes of another URL (another mirror, edition or date) or of unknown origin: resuming would
+        # splice two files, which nothing catches where no checksum is published (books).
+        logger.warning("%s was not started from %s; starting over", part, url)
+        _restart(part, progress, offset)
+        offset = 0
     if expected_size is not None and offset > expected_size:
         logger.warning("%s is longer than the published size; starting over", part)
         _restart(part, progress, offset)
@@ -430,7 +437,7 @@ def _read_meta(meta: Path, url: str) -> dict:
         data = json.loads(meta.read_text())
     except (OSError, ValueError):
         return {}
-    return data if data.get("url") == url else {}
+    return data if isinstance(data, dict) and data.get("url") == url else {}
 
 
 def _write_meta(meta: Path, url: str, headers, total: int | None) -> None:

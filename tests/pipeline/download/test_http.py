@@ -125,3 +125,37 @@ def test_parse_checksum_list() -> None:
     assert parse_checksum_list(f"{sha1}  enwiki-1.bz2\n\n{sha1.upper()} *b.bz2\n", "sha1") == {"enwiki-1.bz2": sha1, "b.bz2": sha1}
     with pytest.raises(ValueError, match="line 1"):
         parse_checksum_list("d41d8cd98f00b204e9800998ecf8427e  x\n", "sha1")
+
+
+def test_a_part_file_started_from_another_url_is_not_resumed(mirror, tmp_path: Path) -> None:
+    """Books publish no checksum: resuming another edition's bytes would publish a splice of two."""
+    dest = tmp_path / "dump.xml.bz2"
+    mirror.cut_after[PATH] = 50_000
+    with pytest.raises(NetworkError):
+        fetch(mirror.url + PATH, dest, policy=RetryPolicy(max_retries=0, timeout_s=10))
+    other = PATH.replace("20260101", "20251201")
+    mirror.files[other] = b"another dump " * 10_000
+    fetch(mirror.url + other, dest, policy=FAST)
+    assert dest.read_bytes() == mirror.files[other]
+    assert mirror.requests_for(other)[0].range is None  # started over, no Range into someone else's bytes
+
+
+def test_one_download_per_file_and_never_over_a_file_that_appears_meanwhile(mirror, tmp_path: Path) -> None:
+    from pipeline.download.errors import DownloadError, ExistingFileError
+    from pipeline.download.publish import only_writer
+
+    dest = tmp_path / "dump.xml.bz2"
+    with only_writer(dest):  # another process (or thread) downloading the same file
+        with pytest.raises(DownloadError, match="is being downloaded into .* by another process"):
+            fetch(mirror.url + PATH, dest, policy=FAST)
+    assert not part_path(dest).exists()
+
+    class UserWritesDest(ByteProgress):
+        def update(self, n: int) -> None:
+            super().update(n)
+            if not dest.exists():
+                dest.write_text("the user's own file")
+
+    with pytest.raises(ExistingFileError, match="appeared while it was being downloaded"):
+        fetch(mirror.url + PATH, dest, policy=FAST, progress=UserWritesDest(None, enabled=False))
+    assert dest.read_text() == "the user's own file" and part_path(dest).stat().st_size == len(mirror.files[PATH])
