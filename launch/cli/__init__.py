@@ -61,15 +61,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Before the parser is built: building it imports the command's config (and, for corpus, Beam).
     setup_logging()
-    parser = build_parser(command)
-    args = parser.parse_args(rest)
-    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        parser = build_parser(command)
+        args = parser.parse_args(rest)
+        module = importlib.import_module(COMMANDS[command][0])
+    except KeyboardInterrupt:  # during the imports, before anything was written
+        print(f"bertpipe {command}: interrupted before it started", file=sys.stderr)
+        return 130
     try:
         return int(module.run(args) or 0)
     except CliError as err:
         parser.exit(2, f"bertpipe {command}: error: {err}\n")
     except Exception as err:  # noqa: BLE001 - only a full disk is turned into a message; the rest re-raises
-        message = disk_full_message(err, getattr(args, "out", None) or vars(args).get("cfg:out"))
+        out = getattr(args, "out", None) or vars(args).get("cfg:out")
+        message = disk_full_message(err, out)
+        if message is None and isinstance(err, (FileExistsError, NotADirectoryError)) and out:
+            # e.g. a parent of --out is a file: mkdir fails where nothing could be written
+            parser.exit(2, f"bertpipe {command}: error: cannot create --out {out}: {err.strerror}: "
+                           f"{err.filename}; choose another --out\n")
         if message is None:
             raise
         hint = getattr(module, "ON_DISK_FULL", "")

@@ -19,6 +19,8 @@ from pathlib import Path
 from launch.errors import CliError, disk_full_message
 from launch.log import get_logger, setup_logging
 
+ON_INTERRUPT = "partial files (.part) are kept; run the same command again to resume them"
+
 log = get_logger(__name__)
 
 

@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if data_file.exists() and not sidecar.is_file():
         raise CliError(f"{data_file} exists and `bertpipe features` did not write it (no {sidecar.name} beside it); "
                        "choose another --out")
+    if sidecar.is_file() and not _our_settings(sidecar, cfg):
+        raise CliError(f"{sidecar} exists and is not a `bertpipe features` settings file; choose another --out")
     out_base.parent.mkdir(parents=True, exist_ok=True)
     save_config(cfg, sidecar)
 
@@ -90,3 +92,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}: {len(texts)} texts, layers={cfg.layers}, pool={cfg.pool}, width={extractor.width}, "
           f"{len(texts) / max(elapsed, 1e-9):.1f} texts/s")
     return 0
+
+
+def _our_settings(path: Path, cfg) -> bool:
+    """Whether `path` parses as the settings file this command writes (then it may rewrite it)."""
+    import dataclasses
+
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    names = {f.name for f in dataclasses.fields(cfg)}
+    return isinstance(data, dict) and "layers" in data and set(data) <= names

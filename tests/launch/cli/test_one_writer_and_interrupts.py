@@ -107,3 +107,15 @@ def test_pretrain_finetune_sweep_refuse_a_locked_out(command, live_lock, small_c
     _refused(argv)
     assert f"is being written by `bertpipe finetune` (pid {pid}" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written next to the holder's files
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
+    """Building `corpus`'s parser imports Beam, seconds on a cold start: Ctrl-C then was a traceback."""
+    from launch import cli
+
+    def interrupted(command):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["corpus", "--help"]) == 130
+    assert capsys.readouterr().err.strip() == "bertpipe corpus: interrupted before it started"

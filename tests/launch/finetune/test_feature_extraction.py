@@ -53,6 +53,17 @@ def test_mean_pooling_of_last_layer_matches_transformers(minilm_dir, hf_minilm, 
         cli.main([str(tmp_path / "mine.npy") if a == str(tmp_path / "f") else a for a in argv])
     assert exc.value.code == 2 and "did not write it (no mine.features.yaml beside it)" in capsys.readouterr().err
     assert (tmp_path / "mine.npy").read_bytes() == b"my data" and not (tmp_path / "mine.features.yaml").exists()
+    # Nor a settings file of the user's under the sidecar's name (the sidecar is what proves ownership).
+    (tmp_path / "notes.features.yaml").write_text("my: notes\n")
+    with pytest.raises(SystemExit) as exc:
+        cli.main([str(tmp_path / "notes") if a == str(tmp_path / "f") else a for a in argv])
+    assert exc.value.code == 2 and "notes.features.yaml exists and is not a `bertpipe features` settings" in capsys.readouterr().err
+    assert (tmp_path / "notes.features.yaml").read_text() == "my: notes\n"
+    # A parent of --out that is a file: one line, exit 2
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        cli.main([str(tmp_path / "afile" / "sub" / "f") if a == str(tmp_path / "f") else a for a in argv])
+    assert exc.value.code == 2 and "cannot create --out" in capsys.readouterr().err
 
 
 def test_cls_and_layer_combinations(minilm_dir, hf_minilm, texts_file, tmp_path):
