@@ -50,11 +50,13 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as err:
         raise ValueError(f"{path} is not valid JSON ({err}); move it aside and rerun the download") from None
-    if data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} is not a bertpipe download manifest (format {data.get('format')!r} "
-            f"version {data.get('format_version')!r}); pick another --out directory"
-        )
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+        found = (f"format {data.get('format')!r} version {data.get('format_version')!r}" if isinstance(data, dict)
+                 else f"a JSON {type(data).__name__}")
+        raise ValueError(f"{path} is not a bertpipe download manifest ({found}); pick another --out directory")
+    if not isinstance(data.get("sources"), dict) or not isinstance(data.get("files"), dict):
+        raise ValueError(f"{path} is damaged (its `sources` and `files` must be objects); move it aside and rerun "
+                         "the download: verified files already there are kept")
     return data
 
 

@@ -247,3 +247,17 @@ def test_download_on_a_full_disk_is_one_line_and_resumes_after_freeing_space(mir
     assert rc == 0, err
     assert (out / "gutenberg" / "105.txt").read_text(encoding="utf-8") == (DATA / "books" / "persuasion.txt").read_text(encoding="utf-8")
     assert (out / "gutenberg" / "121.txt").read_text(encoding="utf-8") == (DATA / "books" / "northangerabbey.txt").read_text(encoding="utf-8")
+
+
+def test_a_download_manifest_of_the_wrong_shape_is_named_not_a_traceback(tmp_path):
+    import pytest
+
+    from pipeline.download.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, read_manifest
+
+    path = tmp_path / MANIFEST_NAME
+    for content, why in (([], "a JSON list"), ({"format": FORMAT, "format_version": FORMAT_VERSION}, "is damaged"),
+                         ({"format": FORMAT, "format_version": FORMAT_VERSION, "sources": [], "files": {}}, "is damaged")):
+        path.write_text(json.dumps(content))
+        with pytest.raises(ValueError, match=why) as err:
+            read_manifest(tmp_path)
+        assert str(path) in str(err.value)
