@@ -6,7 +6,8 @@ Measured in the same run on the same text:
 - job: `bertpipe corpus` end to end (read, wikitext parse, sentences, WordPiece, NSP instances,
   masking, shards), in a fresh process per run, tokens/s = tokens counted by the job / wall time;
 - peer: HF `tokenizers` `encode_batch` over the same sentences (already read and split), the
-  floor any WordPiece pipeline pays;
+  floor any WordPiece pipeline pays; warmed up with one untimed call (its first is ~20% slower);
+- job and peer timed `--repeats` times (default 5), interleaved job, peer, job, peer...; medians;
 - peak memory of the job at 1x and Nx the input (N copies of every file, new document ids): the
   summed RSS of the job's process and its children, sampled every 20 ms (and the kernel's peak RSS
   of the job's own process);
@@ -25,6 +26,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,7 +98,8 @@ def run_job(inputs: list[Path], workers: int, threads: int) -> dict:
             return {**json.loads(out.read().strip().splitlines()[-1]), "peak_tree_mb": peak_tree}
 
 
-def peer_tokens_per_s(inputs: list[Path]) -> tuple[float, int]:
+def peer_setup(inputs: list[Path]):
+    """The peer's input (sentences, already read and split) and its tokenizer: not timed."""
     from pipeline.readers import RawDocument, ReadStats, read_file
     from pipeline.tokenize import build_tokenizer, split_sentences
 
@@ -106,7 +109,11 @@ def peer_tokens_per_s(inputs: list[Path]) -> tuple[float, int]:
             for rec in read_file(f, str(path), "auto", 16_000_000, ReadStats()):
                 if isinstance(rec, RawDocument):
                     sentences += split_sentences(rec)
-    tok = build_tokenizer(VOCAB.read_text(encoding="utf-8"), lowercase=True)
+    return sentences, build_tokenizer(VOCAB.read_text(encoding="utf-8"), lowercase=True)
+
+
+def peer_tokens_per_s(sentences: list[str], tok) -> tuple[float, int]:
+    """One timed `encode_batch` over all sentences (warm the tokenizer up first: its first call is ~20% slower)."""
     start = time.perf_counter()
     tokens = sum(len(e.ids) for e in tok.encode_batch(sentences, add_special_tokens=False))
     return tokens / (time.perf_counter() - start), tokens
@@ -182,6 +189,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="tokenizer threads, both sides (default: all cores)")
     parser.add_argument("--books-only", action="store_true", help="book text only (no Wikipedia markup to parse)")
     parser.add_argument("--scale", type=int, default=1, help="copies of the input files that make up 1x (default 1)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="interleaved 1x job / peer pairs; the medians are reported (default 5)")
     parser.add_argument("--masking-only", action="store_true", help="only the per-sample masking rates")
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)
@@ -202,27 +211,36 @@ def main() -> None:
             return out
 
         one_x = copies(args.scale) if args.scale > 1 else inputs
-        one = run_job(one_x, args.workers, args.threads)
+        sentences, tok = peer_setup(one_x)
+        peer_tokens_per_s(sentences, tok)  # warm-up, untimed: the tokenizer's first call is ~20% slower
+        runs, peers = [], []
+        for _ in range(args.repeats):  # interleaved (job, peer, job, peer, ...): both see the same load
+            runs.append(run_job(one_x, args.workers, args.threads))
+            peers.append(peer_tokens_per_s(sentences, tok))
         n_x = run_job(copies(args.scale * args.copies), args.workers, args.threads)
-        peer, peer_tokens = peer_tokens_per_s(one_x)
 
-    job_tps = one["tokens"] / one["seconds"]
+    job_rates = [r["tokens"] / r["seconds"] for r in runs]
+    job_tps, peer = statistics.median(job_rates), statistics.median(p for p, _ in peers)
+    peer_tokens = peers[0][1]
+    one = sorted(runs, key=lambda r: r["tokens"] / r["seconds"])[len(runs) // 2]  # the median run
+    one_peak = statistics.median(r["peak_tree_mb"] for r in runs)
+    ratios = sorted(j / p for j, (p, _) in zip(job_rates, peers))
     rows = [
         ("input 1x", f"{'books' if args.books_only else 'wiki dump + books'} x{args.scale} "
                      f"({sum(p.stat().st_size for p in inputs) * args.scale / 1e6:.1f} MB on disk)"),
         ("threads (tokenizer, both sides) / Beam workers", f"{args.threads} / {args.workers}"),
-        ("job tokens/s (1x)", f"{job_tps:,.0f}"),
-        ("tokenizers encode_batch tokens/s", f"{peer:,.0f}"),
-        ("ratio job / encode_batch", f"{job_tps / peer:.3f}"),
+        ("job tokens/s (1x, median of runs)", f"{job_tps:,.0f}  (runs: {', '.join(f'{r:,.0f}' for r in job_rates)})"),
+        ("tokenizers encode_batch tokens/s (warm, median)", f"{peer:,.0f}  (runs: {', '.join(f'{p:,.0f}' for p, _ in peers)})"),
+        ("ratio job / encode_batch (medians)", f"{job_tps / peer:.3f}  (per interleaved pair {ratios[0]:.3f}-{ratios[-1]:.3f})"),
         # The issue's reference point; running it would mean installing TensorFlow (tensorflow-cpu
         # 2.21 is a 274 MB wheel plus its dependencies) for one row of one benchmark.
         ("google-research/bert create_pretraining_data.py", "not run: needs TensorFlow, not installed by this project"),
         ("tokens (job / peer)", f"{one['tokens']:,} / {peer_tokens:,}"),
         ("instances 1x", f"{one['instances']:,}"),
-        ("job seconds 1x", f"{one['seconds']:.1f}"),
-        ("peak memory 1x (MB, process tree)", f"{one['peak_tree_mb']:.0f}"),
+        ("job seconds 1x (median run)", f"{one['seconds']:.1f}"),
+        ("peak memory 1x (MB, process tree, median of runs)", f"{one_peak:.0f}"),
         (f"peak memory {args.copies}x (MB, process tree)", f"{n_x['peak_tree_mb']:.0f}"),
-        (f"memory ratio {args.copies}x / 1x", f"{n_x['peak_tree_mb'] / one['peak_tree_mb']:.2f}"),
+        (f"memory ratio {args.copies}x / 1x", f"{n_x['peak_tree_mb'] / one_peak:.2f}"),
         (f"peak RSS of the job process 1x / {args.copies}x (MB)", f"{one['peak_rss_mb']:.0f} / {n_x['peak_rss_mb']:.0f}"),
         (f"job tokens/s ({args.copies}x)", f"{n_x['tokens'] / n_x['seconds']:,.0f}"),
     ]

@@ -4,7 +4,9 @@ Same config, same weights (ours exported, transformers loads the export), same b
 real sentences of the bundled books (WordPiece with the bundled bert-base-uncased vocab), sentence
 pairs of varied length padded to the longest in the batch, 15% of real tokens masked (at most 20).
 Each timed step is forward + loss + backward; the two models alternate step by step so that load
-from other processes on the machine hits both alike. Prints tokens/s (real tokens) and the ratio.
+from other processes on the machine hits both alike. Before timing, both models' eval-mode loss on the
+first batch must agree within 1e-4 relative (else the script stops). Prints tokens/s (real tokens,
+totals) and the ratio of median step times (transformers' / ours).
 
   OMP_NUM_THREADS=1 .venv/bin/python bench/model_step.py                 # tiny and base, seq 128
   .venv/bin/python bench/model_step.py --configs base --batch-size 8 --steps 5
@@ -105,6 +107,28 @@ def hf_step(model, batch) -> float:
     return out.loss.item()
 
 
+def eval_losses(ours, hf, batch) -> tuple[float, float, float]:
+    """Both models' loss on one batch in eval mode (no dropout), no gradients: the same weights must give
+    the same loss before their step times mean anything. Also the largest difference of the MLM logits
+    at the masked positions relative to their largest magnitude: at random init the loss sits near
+    ln(vocab) + ln 2 whatever the weights, so the loss alone would miss a mismatch."""
+    ours.eval(), hf.eval()
+    with torch.no_grad():
+        out = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["masked_lm_positions"])
+        a = F.cross_entropy(out.mlm_logits.flatten(0, 1), batch["masked_lm_ids"].flatten(), ignore_index=-100) \
+            + F.cross_entropy(out.nsp_logits, batch["next_sentence_label"])
+        b = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+               attention_mask=batch["attention_mask"], labels=batch["full_labels"],
+               next_sentence_label=batch["next_sentence_label"])
+        pos = batch["masked_lm_positions"]
+        theirs = b.prediction_logits.gather(1, pos[..., None].expand(-1, -1, b.prediction_logits.shape[-1]))
+        mine = out.mlm_logits[..., : theirs.shape[-1]]
+        keep = batch["masked_lm_ids"] != -100
+        logit_rel = float((mine - theirs)[keep].abs().max() / theirs[keep].abs().max().clamp_min(1e-12))
+    ours.train(), hf.train()
+    return float(a), float(b.loss), logit_rel
+
+
 def bench_config(name: str, args) -> dict:
     import transformers
 
@@ -118,6 +142,13 @@ def bench_config(name: str, args) -> dict:
     batches = make_batches(pairs, args.batch_size, args.seed, arch.vocab_size)
     real = [int(b["attention_mask"].sum()) for b in batches]
     padded = [b["attention_mask"].numel() for b in batches]
+    loss_ours, loss_hf, logit_rel = eval_losses(ours, hf, batches[0])
+    rel = abs(loss_ours - loss_hf) / max(abs(loss_hf), 1e-12)
+    print(f"  eval-mode loss of {name} on the first batch (no dropout): ours {loss_ours:.6f}, transformers {loss_hf:.6f}, "
+          f"relative difference {rel:.2e}; MLM logits at [MASK] differ by {logit_rel:.2e} of their largest", flush=True)
+    if rel > 1e-4 or logit_rel > 1e-4:
+        sys.exit(f"{name}: the two models differ in eval mode (loss {rel:.2e} relative, MLM logits {logit_rel:.2e}; "
+                 "limit 1e-4): they do not compute the same function, so their step times are not comparable; not timing")
     times = {"ours": [], "transformers": []}
     losses = {"ours": [], "transformers": []}
     for i, batch in enumerate(batches):
@@ -137,9 +168,10 @@ def bench_config(name: str, args) -> dict:
         res[f"{label}_tok_s"] = timed_tokens / sum(times[label])
         res[f"{label}_seq_s"] = args.batch_size * len(times[label]) / sum(times[label])
         res[f"{label}_median_step_s"] = statistics.median(times[label])
-    res["ratio"] = res["ours_tok_s"] / res["transformers_tok_s"]
-    # Same weights and batches: the first (pre-update) losses agree up to dropout masks.
-    res["loss_ours"], res["loss_hf"] = losses["ours"][0], losses["transformers"][0]
+    # The ratio of median step times (both sides step the very same batches, so the medians compare
+    # like with like and one step slowed by another process does not move it); tok/s are totals.
+    res["ratio"] = res["transformers_median_step_s"] / res["ours_median_step_s"]
+    res["loss_ours"], res["loss_hf"], res["loss_rel"] = loss_ours, loss_hf, rel
     return res
 
 
@@ -158,6 +190,8 @@ def main(argv=None) -> int:
     transformers.utils.logging.disable_progress_bar()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, seq {args.seq_len}, batch {args.batch_size}, "
           f"{args.steps} timed steps (+{args.warmup} warm-up), forward+backward, CPU")
+    print("ratio = transformers' median step time / ours (same batches, alternated); tok/s and seq/s are totals "
+          "over the timed steps")
     print(f"{'config':<6} {'params':>8} {'padding':>8} {'ours tok/s':>11} {'HF tok/s':>10} {'ours seq/s':>11} "
           f"{'HF seq/s':>9} {'ratio':>6}")
     for name in args.configs:

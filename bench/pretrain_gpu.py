@@ -12,7 +12,9 @@ Fairness: both engines live side by side and are timed in interleaved rounds (th
 median over rounds with its spread (min-max). Model FLOPs per token = 6 N + 12 L H S (N = non-
 embedding parameters), the trainer's formula, over real (non-padding) tokens; both models are
 credited the same FLOPs. Also reported: MFU against the bf16 dense spec peak and against a large
-bf16 matmul measured in this run, peak memory, the padding fraction of the batches, dynamo graphs and
+bf16 matmul measured in this run, peak memory per runner (reset before each of its rounds, max over
+them; both engines stay resident, so the rows differ by their step's working memory; a runner that runs
+out of memory is reported as such and the other goes on), the padding fraction of the batches, dynamo graphs and
 recompiles, a forward / backward / optimizer split of one step (each phase synchronised, so its sum
 exceeds the free-running step), and, from the profiler, the attention kernels that ran and the top
 kernels by GPU time.
@@ -250,24 +252,43 @@ def bench_phase(args, seq_len: int, device: torch.device, tmp: Path) -> list[dic
         runners.append(Transformers(ours, tmp / f"init{seq_len}"))
     except torch.OutOfMemoryError:
         log.warning("transformers ran out of memory next to ours at micro-batch %d, seq %d", micro, seq_len)
+    def oom(r, where: str) -> None:  # this runner's result is the error; the other goes on
+        r.error = f"out of memory ({where})"
+        log.warning("%s ran out of memory (%s) at micro-batch %d, seq %d", r.label, where, micro, seq_len)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
     for r in runners:
-        for _ in range(args.warmup):  # compilation, allocator, loader queue
-            r.step()
-        _sync(device)
+        r.error, r.peak_gib = None, 0.0 if device.type == "cuda" else float("nan")
+        try:
+            for _ in range(args.warmup):  # compilation, allocator, loader queue
+                r.step()
+            _sync(device)
+        except torch.OutOfMemoryError:
+            oom(r, "warm-up")
         r.times, r.real_tokens = [], 0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     graphs0, recompiles0 = dynamo_counts()
     for round_ in range(args.repeats):
         for r in (runners if round_ % 2 == 0 else runners[::-1]):
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                r.step()
-            _sync(device)
+            if r.error:
+                continue
+            # Peak per runner: reset before each of its rounds, keep the max over them. Both engines stay
+            # resident (weights, gradients, optimizer state), so the rows differ by the step's working memory.
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            try:
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    r.step()
+                _sync(device)
+            except torch.OutOfMemoryError:
+                oom(r, f"timed round {round_ + 1}")
+                continue
             r.times.append((time.perf_counter() - t0) / args.steps)
+            if device.type == "cuda":
+                r.peak_gib = max(r.peak_gib, torch.cuda.max_memory_allocated(device) / 2**30)
     graphs, recompiles = dynamo_counts()
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
 
     arch = ours.trainer.bert_config
     non_embedding = sum(p.numel() for n, p in ours.engine.module.named_parameters() if "embeddings" not in n)
@@ -275,15 +296,25 @@ def bench_phase(args, seq_len: int, device: torch.device, tmp: Path) -> list[dic
     samples_per_step = micro * accum
     results = []
     for r in runners:
+        timed_tokens = r.real_tokens  # before the split and profiled steps add theirs
+        if not r.error:
+            try:
+                split = r.phases()
+                attention, top = profile(r, device)
+            except torch.OutOfMemoryError:
+                oom(r, "split/profile step")
+        if r.error:
+            results.append(dict(label=r.label, phase=seq_len, micro=micro, accum=accum, error=r.error,
+                                peak_gib=r.peak_gib, attention=[], top=[]))
+            continue
         median, lo, hi = statistics.median(r.times), min(r.times), max(r.times)
-        steps = args.repeats * args.steps
-        real_per_step = r.real_tokens / steps
-        attention, top = profile(r, device)
+        steps = len(r.times) * args.steps
+        real_per_step = timed_tokens / steps
         results.append(dict(
             label=r.label, phase=seq_len, micro=micro, accum=accum, step_s=median, spread=(hi - lo) / median,
             seq_s=samples_per_step / median, tok_s=real_per_step / median,
             tflops=flops_token * real_per_step / median / 1e12, padding=1 - real_per_step / (samples_per_step * seq_len),
-            split=r.phases(), attention=attention, top=top, peak_gib=peak))
+            split=split, attention=attention, top=top, peak_gib=r.peak_gib, error=None))
     results[0].update(graphs=graphs, recompiles=recompiles - recompiles0, new_graphs=graphs - graphs0)
     return results
 
@@ -340,13 +371,21 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for seq_len in args.phases:
             results = bench_phase(args, seq_len, device, Path(tmp))
-            hf_rate = results[-1]["seq_s"] if results[-1]["label"] == "transformers" else float("nan")
+            hf = results[-1] if results[-1]["label"] == "transformers" else None
+            hf_rate = hf["seq_s"] if hf and not hf["error"] else float("nan")
             for r in results:
+                if r["error"]:
+                    print(f"{seq_len:>4} {r['micro']:>5} {r['accum']:>4} {r['label']:<13} {r['error']}", flush=True)
+                    continue
                 fwd, bwd, opt = (1e3 * x for x in r["split"])
                 print(f"{seq_len:>4} {r['micro']:>5} {r['accum']:>4} {r['label']:<13} {r['seq_s']:>8.1f} "
                       f"{r['spread']:>6.1%} {r['tok_s']:>9.0f} {r['tflops']:>8.2f} {r['tflops'] / peak:>8.1%} "
                       f"{r['tflops'] / mm:>7.1%} {r['peak_gib']:>8.1f} {r['padding']:>5.1%} {fwd:>7.1f} {bwd:>7.1f} "
                       f"{opt:>7.1f} {r['seq_s'] / hf_rate:>5.2f}x", flush=True)
+            if len(results) == 1:
+                print("  transformers: could not be built next to ours (out of memory)")
+            print("  peak GiB: per runner, reset before each of its timed rounds, max over them; both engines are "
+                  "resident throughout, so the rows differ by their step's working memory")
             ours = results[0]
             print(f"  ours: dynamo graphs {ours['graphs']} ({ours['new_graphs']} new while timed), "
                   f"recompiles while timed {ours['recompiles']}")
