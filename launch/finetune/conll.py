@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.finetune.examples import DataError, SkipCounter, TaggedExample
+from launch.finetune.examples import DataError, SkipCounter, TaggedExample, text_lines
 
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 FILES = {
@@ -42,30 +42,25 @@ def read_conll(path: Path, *, skips: SkipCounter | None = None) -> list[TaggedEx
             words.clear()
             tags.clear()
 
-    line_no = 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                line = line.rstrip("\n")
-                if not line.strip():
-                    flush()
-                    continue
-                if line.startswith("-DOCSTART-"):
-                    flush()
-                    doc += 1
-                    continue
-                fields = line.split()
-                if len(fields) != 4:
-                    skips.malformed(path, line_no, f"expected 4 space-separated fields (word POS chunk NER), got {len(fields)}")
-                    continue
-                if fields[3] not in known:
-                    raise DataError(f"{path}:{line_no}: unknown NER tag {fields[3]!r}; CoNLL-2003 tags are {list(LABELS)}")
-                if not words:
-                    start_line = line_no
-                words.append(fields[0])
-                tags.append(fields[3])
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason}, after line {line_no}); save it as UTF-8") from None
+    for line_no, line in text_lines(path):
+        line = line.rstrip("\n")
+        if not line.strip():
+            flush()
+            continue
+        if line.startswith("-DOCSTART-"):
+            flush()
+            doc += 1
+            continue
+        fields = line.split()
+        if len(fields) != 4:
+            skips.malformed(path, line_no, f"expected 4 space-separated fields (word POS chunk NER), got {len(fields)}")
+            continue
+        if fields[3] not in known:
+            raise DataError(f"{path}:{line_no}: unknown NER tag {fields[3]!r}; CoNLL-2003 tags are {list(LABELS)}")
+        if not words:
+            start_line = line_no
+        words.append(fields[0])
+        tags.append(fields[3])
     flush()
     skips.log(str(path))
     return examples

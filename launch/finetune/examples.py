@@ -135,7 +135,23 @@ def _utf8(reader, path: Path, f) -> Iterator[list[str]]:
         yield from reader
     except UnicodeDecodeError as err:
         f.close()
-        raise DataError(f"{path}: not UTF-8 text ({err.reason}, after line {reader.line_num}); save it as UTF-8") from None
+        raise not_utf8(path, err, reader.line_num) from None
+
+
+def text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line) of a text file; a byte that is not UTF-8 stops the run naming the file."""
+    line_no = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                yield line_no, line
+    except UnicodeDecodeError as err:
+        raise not_utf8(path, err, line_no) from None
+
+
+def not_utf8(path: Path, err: UnicodeDecodeError, after_line: int) -> DataError:
+    # Text is decoded in blocks, so the bad byte lies somewhere after the last line read, not on it.
+    return DataError(f"{path}: not UTF-8 text ({err.reason}, after line {after_line}); save it as UTF-8")
 
 
 def column_index(header: Sequence[str], name: str, path: Path) -> int:

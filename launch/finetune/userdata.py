@@ -22,6 +22,7 @@ from launch.finetune.examples import (
     TextExample,
     column_index,
     read_delimited,
+    text_lines,
 )
 
 EXTENSIONS = ("csv", "tsv", "jsonl")
@@ -64,32 +65,27 @@ def _records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterator[tupl
 
 
 def _jsonl_records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterator[tuple[int, dict[str, Any]]]:
-    line_no = 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    skips.malformed(path, line_no, f"not valid JSON ({err.msg})")
-                    continue
-                if not isinstance(row, dict):
-                    skips.malformed(path, line_no, "expected a JSON object per line")
-                    continue
-                missing = [c for c in wanted if c not in row]
-                if missing:
-                    skips.malformed(path, line_no, f"missing key(s) {missing}")
-                    continue
-                # null, objects: not text (str() would turn null into the text "None")
-                bad = [c for c in wanted if row[c] is None or isinstance(row[c], dict)]
-                if bad:
-                    skips.malformed(path, line_no, f"key(s) {bad} hold {json.dumps(row[bad[0]])}, not text")
-                    continue
-                yield line_no, row
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason}, after line {line_no}); save it as UTF-8") from None
+    for line_no, line in text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            skips.malformed(path, line_no, f"not valid JSON ({err.msg})")
+            continue
+        if not isinstance(row, dict):
+            skips.malformed(path, line_no, "expected a JSON object per line")
+            continue
+        missing = [c for c in wanted if c not in row]
+        if missing:
+            skips.malformed(path, line_no, f"missing key(s) {missing}")
+            continue
+        # null, objects: not text (str() would turn null into the text "None")
+        bad = [c for c in wanted if row[c] is None or isinstance(row[c], dict)]
+        if bad:
+            skips.malformed(path, line_no, f"key(s) {bad} hold {json.dumps(row[bad[0]])}, not text")
+            continue
+        yield line_no, row
 
 
 def read_text_split(

@@ -86,10 +86,7 @@ def preflight(cfg: PretrainConfig, corpus: CorpusInfo | Path, *, world_size: int
     if vocab_size < corpus_vocab:
         raise ValueError(f"model.vocab_size={vocab_size} is smaller than the corpus vocabulary ({corpus_vocab} "
                          f"tokens, {corpus.vocab_file}); set model.vocab_size=null to take the corpus's")
-    try:
-        bert_cfg = BertConfig.preset(cfg.model.preset, vocab_size=vocab_size, **cfg.model.fields)
-    except TypeError as err:
-        raise ValueError(f"model.fields: {err}; use BertConfig field names") from None
+    bert_cfg = BertConfig.preset(cfg.model.preset, vocab_size=vocab_size, **cfg.model.fields)  # fields checked by validate
     if int(manifest["seq_len"]) > bert_cfg.max_position_embeddings:
         raise ValueError(f"the corpus has seq_len {manifest['seq_len']} but the model has only "
                          f"{bert_cfg.max_position_embeddings} positions; raise model.fields.max_position_embeddings "
