@@ -80,3 +80,24 @@ def test_mlm_context_bench_scores_mask_targets_against_its_peers(small_corpus):
         assert float(peers[3]) > 0, out.stdout
         assert re.search(r"step +4 .*held-out at \[MASK\]: accuracy +[\d.]+%, loss [\d.]+ +ours / bigram [\d.]+x",
                          out.stdout), out.stdout
+
+
+@pytest.mark.slow
+def test_pretrain_crossover_bench_fine_tunes_each_checkpoint_beside_random_init(small_corpus, tmp_path):
+    """bench/pretrain_crossover.py at toy size: pre-train, stop, export the chosen checkpoints, fine-tune
+    SST-2 from each and from random init, and write the table (checks the script; the GPU run's figures
+    are in docs/RESULTS.md)."""
+    import json
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, str(REPO / "bench" / "pretrain_crossover.py"), "--corpus", str(small_corpus),
+            "--out", str(tmp_path), "--run", "t:tiny:adamw:1e-3:8", "--steps", "4", "--save-every", "2", "--at", "2",
+            "--warmup", "1", "--seeds", "1", "--max-train-samples", "64", "--jobs", "2"]
+    out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["step"], r["samples"]) for r in rows] == [(2, 16), (4, 32)], rows
+    for r in rows:
+        assert len(r["sst2"]) == 1 and len(r["random_init"]) == 1 and 0.0 < r["sst2"][0] < 1.0, r
+    assert rows[0]["heldout_mlm"] is not None  # evaluated at each save
+    assert "| t:tiny:adamw:1e-3:8 | 4 | 32 |" in out.stdout
