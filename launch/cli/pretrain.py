@@ -27,7 +27,7 @@ from pathlib import Path
 
 from launch.errors import CliError
 from launch.log import setup_logging
-from launch.pretrain.worker import add_arguments as add_worker_arguments, load_run_config, run_dir_lock
+from launch.pretrain.worker import add_arguments as add_worker_arguments, leave_process_group, load_run_config, run_dir_lock
 from pipeline.output_lock import OutputLocked
 
 USAGE = "bertpipe pretrain --data CORPUS --out RUN [--config PRESET|FILE.yaml] [--nproc N] [--resume] [--KEY VALUE ...]"
@@ -86,7 +86,9 @@ def _train_here(cfg, args: argparse.Namespace) -> int:
     try:
         trainer = Trainer(cfg, data_dir=args.data, run_dir=args.out, resume=args.resume)
         trainer.setup()
-        return trainer.train()
+        rc = trainer.train()
+        leave_process_group()
+        return rc
     except (ValueError, NonFiniteLossError) as err:
         raise CliError(str(err)) from None
 

@@ -81,9 +81,10 @@ def build_trainer(args: argparse.Namespace):
     return Trainer(load_run_config(args), data_dir=args.data, run_dir=args.out, resume=args.resume)
 
 
-def _leave_process_group() -> None:
-    """Leave the process group before exiting on an error every rank agreed on (an exit with the group
-    still open can abort in its communication thread)."""
+def leave_process_group() -> None:
+    """Leave the process group once every rank is done: after training, or on an error every rank agreed
+    on (an exit with the group still open can abort in its communication thread, and NCCL warns that it
+    "can leak resources"). Not on one rank's own error: the others may still be inside a collective."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -105,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         with run_dir_lock(args.out):
             trainer = build_trainer(args)
             trainer.setup()
-            return trainer.train()
+            rc = trainer.train()
+        leave_process_group()
+        return rc
     except ReportedByRankZero:  # rank 0 says it, once
-        _leave_process_group()
+        leave_process_group()
         return 2
     except (ValueError, CliError) as err:  # a user error: the message says what to change
         log.error("%s", err)
