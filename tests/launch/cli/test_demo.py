@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from repo_paths import REPO
+
 BERTPIPE = Path(sys.executable).with_name("bertpipe")
 
 
@@ -37,6 +39,9 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     assert at_mask and float(at_mask[2]) == float(mlm[3]) and 0 <= float(at_mask[1]) < 30, done.stdout[-2000:]
     assert re.search(r"SST-2 dev accuracy over 1 seed\(s\): pre-trained [\d.]+%, random init [\d.]+%; "
                      r"pre-training adds [+-][\d.]+ points", done.stdout), done.stdout[-2000:]
+    # ... and where it would pay, a pointer to a section that exists.
+    pointer = re.search(r"starts to pay .*: (docs/RESULTS.md), '([^']+)'", done.stdout)
+    assert pointer and f"### {pointer[2]}" in (REPO / pointer[1]).read_text(encoding="utf-8"), done.stdout[-2000:]
     # The inspect summary and the sweep's table both reach the user.
     assert "[CLS]" in done.stdout and done.stdout.count("| System | SST-2 | Average |") == 1
 
