@@ -92,9 +92,33 @@ def dump_status(mirror: str, wiki: str, date: str, policy: RetryPolicy) -> dict[
         status = json.loads(raw)
     except ValueError as err:
         raise DownloadError(f"{mirror}/{wiki}/{date}/dumpstatus.json is not valid JSON ({err}); try another --mirror") from None
+    url = f"{mirror}/{wiki}/{date}/dumpstatus.json"
     if not isinstance(status, dict) or not isinstance(status.get("jobs"), dict):
-        raise DownloadError(f"{mirror}/{wiki}/{date}/dumpstatus.json has no 'jobs' mapping; try another --mirror")
+        raise DownloadError(f"{url} has no 'jobs' mapping; try another --mirror")
+    problem = _status_shape_problem(status["jobs"])
+    if problem:
+        raise DownloadError(f"{url}: {problem}; try another --mirror")
     return status
+
+
+def _status_shape_problem(jobs: dict[str, Any]) -> str | None:
+    """What in `jobs` is not of the shape the dumps publish (a mirror's broken copy), or None."""
+    for job, info in jobs.items():
+        if not isinstance(info, dict):
+            return f"jobs.{job} is not an object"
+        files = info.get("files", {})
+        if not isinstance(files, dict):
+            return f"jobs.{job}.files is not an object"
+        for name, meta in files.items():
+            if not isinstance(meta, dict):
+                return f"jobs.{job}.files.{name} is not an object"
+            size = meta.get("size")
+            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+                return f"jobs.{job}.files.{name}.size is {size!r}, not a byte count"
+            for key in ("sha1", "md5"):
+                if meta.get(key) is not None and not isinstance(meta[key], str):
+                    return f"jobs.{job}.files.{name}.{key} is {meta[key]!r}, not a hex digest"
+    return None
 
 
 def _job_for(status: dict[str, Any], layout: Layout) -> tuple[str, dict[str, Any]] | None:

@@ -261,3 +261,23 @@ def test_a_download_manifest_of_the_wrong_shape_is_named_not_a_traceback(tmp_pat
         with pytest.raises(ValueError, match=why) as err:
             read_manifest(tmp_path)
         assert str(path) in str(err.value)
+
+
+def test_a_dumpstatus_of_the_wrong_shape_is_named_not_a_traceback(mirror, dump_names, tmp_path: Path, capsys) -> None:
+    base = f"/enwiki/{dump_names['date']}/"
+    good = json.loads(mirror.files[base + "dumpstatus.json"])
+    part = dump_names["parts"][0]
+    breakages = {  # what a broken mirror copy could hold -> the key the message must name
+        "jobs.articlesdump is not an object": lambda s: s["jobs"].update(articlesdump="done"),
+        "jobs.articlesdump.files is not an object": lambda s: s["jobs"]["articlesdump"].update(files=[part]),
+        f"jobs.articlesdump.files.{part}.size is '12'": lambda s: s["jobs"]["articlesdump"]["files"][part].update(size="12"),
+        f"jobs.articlesdump.files.{part}.sha1 is 5": lambda s: s["jobs"]["articlesdump"]["files"][part].update(sha1=5),
+    }
+    for i, (message, breakage) in enumerate(breakages.items()):
+        status = json.loads(json.dumps(good))
+        breakage(status)
+        mirror.files[base + "dumpstatus.json"] = json.dumps(status).encode()
+        rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(tmp_path / str(i)),
+                           "--mirror", mirror.url, *FAST], capsys)
+        assert rc == 2 and "Traceback" not in err and message in err and "dumpstatus.json" in err, err
+        assert "try another --mirror" in err
