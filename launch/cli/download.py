@@ -31,7 +31,7 @@ def _common(parser: argparse.ArgumentParser, default_mirror: str) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="files downloaded in parallel (default: 2; "
                         "keep it low on dumps.wikimedia.org and www.gutenberg.org; mirrors allow more)")
     parser.add_argument("--retries", type=int, default=5, help="retries per file after a network error (default: 5)")
-    parser.add_argument("--backoff", type=float, default=2.0, help="first retry delay in seconds, doubling up to 60 (default: 2)")
+    parser.add_argument("--backoff", type=float, default=2.0, help="first retry delay in seconds (plus up to as much random jitter), doubling per failure up to 60 (default: 2)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds without data before a connection counts as dropped (default: 60)")
     bar = parser.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="show a progress bar (default: when stderr is a terminal)")

@@ -26,10 +26,10 @@ from typing import Mapping
 
 import urllib3
 from urllib3.exceptions import HTTPError as TransportError, MaxRetryError, ProtocolError
-from urllib3.util.retry import Retry
 
 from pipeline.download.checksums import RunningDigest, hash_file
 from pipeline.download.publish import only_writer, publish
+from pipeline.download.retry import RETRY_STATUS, Cancelled, RetryPolicy, describe as _describe
 from pipeline.download.errors import (
     ChecksumMismatchError,
     DiskFullError,
@@ -44,66 +44,8 @@ logger = logging.getLogger(__name__)
 # Wikimedia asks for a descriptive User-Agent; the default Python-urllib one may be throttled.
 USER_AGENT = "bertpipe-download/0.1 (BERT pre-training data pipeline; urllib3)"
 CHUNK = 1 << 20
-RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 # identity: a transparently gzip-compressed response would break byte offsets for Range.
 _HTTP = urllib3.PoolManager(headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard to try: `max_retries` retries after the first attempt, backoff doubling from `backoff_s`."""
-
-    max_retries: int = 5
-    backoff_s: float = 1.0
-    max_backoff_s: float = 60.0
-    timeout_s: float = 60.0
-
-    def retry(self, cancel: threading.Event | None = None) -> "_Retry":
-        """One `Retry` budget for a whole file: urllib3 spends it up to the headers, we on cut bodies."""
-        retry = _Retry(
-            total=self.max_retries, redirect=10, allowed_methods=frozenset({"GET"}),
-            status_forcelist=RETRY_STATUS, raise_on_status=False, respect_retry_after_header=True,
-            # Jitter keeps parallel workers that failed together from retrying in lockstep.
-            backoff_factor=self.backoff_s, backoff_max=self.max_backoff_s, backoff_jitter=self.backoff_s,
-            retry_after_max=self.max_backoff_s,
-        )
-        retry.cancel = cancel
-        return retry
-
-    @property
-    def timeout(self) -> urllib3.Timeout:
-        return urllib3.Timeout(connect=self.timeout_s, read=self.timeout_s)
-
-
-class _Retry(Retry):
-    """urllib3's `Retry`, logging each retry and sleeping on the `cancel` event (Ctrl-C stops a wait)."""
-
-    cancel: threading.Event | None = None
-
-    def new(self, **kw) -> "_Retry":
-        new = super().new(**kw)
-        new.cancel = self.cancel
-        return new
-
-    @property
-    def retries(self) -> int:
-        return sum(1 for h in self.history if h.redirect_location is None)
-
-    def sleep(self, response=None) -> None:
-        wait = self.get_retry_after(response) if response is not None and self.respect_retry_after_header else None
-        wait = self.get_backoff_time() if not wait else wait
-        last = self.history[-1] if self.history else None
-        reason = (_describe(last.error) if last.error else f"HTTP {last.status}") if last else "?"
-        logger.warning("%s: %s; retry %d in %.1fs", last.url if last else "", reason, self.retries, wait)
-        if self.cancel is not None:
-            if self.cancel.wait(wait):
-                raise Cancelled(last.url if last else "")
-        else:
-            time.sleep(wait)
-
-
-class Cancelled(Exception):
-    """Raised in download threads once `cancel` is set (Ctrl-C in the main thread)."""
 
 
 class ByteProgress:
@@ -194,14 +136,6 @@ def _status_error(url: str, resp, policy: RetryPolicy) -> DownloadError:
 def _gave_up(url: str, err: BaseException | None) -> NetworkError:
     return NetworkError(f"could not fetch {url} (last error: {_describe(err)}); "
                         "check the network or the --mirror URL and rerun")
-
-
-def _describe(err: BaseException | None) -> str:
-    if isinstance(err, MaxRetryError):
-        err = err.reason
-    if isinstance(err, ProtocolError) and err.args and isinstance(err.args[-1], BaseException):
-        err = err.args[-1]  # urllib3 wraps the socket or http.client error
-    return f"{type(err).__name__}: {err}"
 
 
 def part_path(dest: Path) -> Path:

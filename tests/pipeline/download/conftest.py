@@ -63,6 +63,7 @@ class MirrorServer:
     cut_after: dict[str, int] = field(default_factory=dict)  # path -> byte offset; one-shot
     corrupt_at: dict[str, int] = field(default_factory=dict)  # path -> offset of a flipped byte
     fail_status: dict[str, list[int]] = field(default_factory=dict)  # path -> statuses to answer first
+    redirects: dict[str, str] = field(default_factory=dict)  # path -> where a 302 sends it
     url: str = ""
 
     def requests_for(self, path: str) -> list[RequestRecord]:
@@ -94,6 +95,10 @@ def _handler(server: MirrorServer) -> type[BaseHTTPRequestHandler]:
             with lock:
                 queued = server.fail_status.get(path)
                 fail = queued.pop(0) if queued else None
+            if path in server.redirects:
+                self._record(path, 302)
+                self._send(302, b"", {"Location": server.redirects[path]})
+                return
             if fail is not None:
                 self._record(path, fail)
                 self.send_response(fail)

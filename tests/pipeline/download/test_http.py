@@ -111,6 +111,33 @@ def test_404_and_retried_503(mirror, tmp_path: Path) -> None:
     assert [r.status for r in mirror.requests_for(PATH)] == [503, 503, 200]
 
 
+def test_redirects_do_not_spend_the_retry_budget(mirror, tmp_path: Path) -> None:
+    # urllib3 counts a redirect against the retry total: with --retries 0 a redirecting mirror failed.
+    mirror.redirects.update({"/mirror/a.bz2": "/mirror/b.bz2", "/mirror/b.bz2": PATH})
+    no_retries = RetryPolicy(max_retries=0, backoff_s=0.01, timeout_s=10)
+    fetch(mirror.url + "/mirror/a.bz2", tmp_path / "a", checksums=_published(mirror)[1], policy=no_retries)
+    assert (tmp_path / "a").read_bytes() == mirror.files[PATH]
+    # Failures still spend it: one 503 behind the redirects with one retry allowed, then two with one.
+    mirror.fail_status[PATH] = [503]
+    fetch(mirror.url + "/mirror/a.bz2", tmp_path / "b", checksums=_published(mirror)[1],
+          policy=RetryPolicy(max_retries=1, backoff_s=0.01, timeout_s=10))
+    mirror.fail_status[PATH] = [503, 503]
+    with pytest.raises(NetworkError, match="still answered HTTP 503"):
+        fetch(mirror.url + "/mirror/a.bz2", tmp_path / "c", policy=RetryPolicy(max_retries=1, backoff_s=0.01, timeout_s=10))
+
+
+def test_the_first_retry_waits_the_backoff_and_each_next_twice_as_long() -> None:
+    from urllib3.util.retry import RequestHistory
+
+    retry = RetryPolicy(backoff_s=2.0, max_backoff_s=60.0).retry()
+    failed, redirected = RequestHistory("GET", "u", None, 503, None), RequestHistory("GET", "u", None, 302, "/v")
+    assert retry.get_backoff_time() == 0.0  # no failure yet
+    waits = [retry.new(history=(failed,) * n).get_backoff_time() for n in (1, 2, 3, 8)]
+    assert 2.0 <= waits[0] <= 4.0 and 4.0 <= waits[1] <= 6.0 and 8.0 <= waits[2] <= 10.0 and waits[3] == 60.0, waits
+    # Only the failures since the last redirect count.
+    assert 2.0 <= retry.new(history=(failed, failed, redirected, failed)).get_backoff_time() <= 4.0
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux /dev/full to produce a real ENOSPC")
 def test_disk_full_while_writing_says_what_to_do(mirror, tmp_path: Path) -> None:
     dest = tmp_path / "dump.xml.bz2"
