@@ -22,7 +22,6 @@ import errno
 import io
 import logging
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from pipeline.download.errors import DiskFullError, ExistingFileError, FormatErr
 from pipeline.download.gutenberg_text import decode_gutenberg, strip_gutenberg
 from pipeline.download.http import ByteProgress, RetryPolicy, fetch, get_bytes
 from pipeline.download.manifest import MANIFEST_NAME, read_manifest, update_manifest, utc_now
+from pipeline.download.retry import Cancel
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def download_books(
     entries: dict[str, dict[str, Any]] = {}
     stale: list[str] = []
     progress = ByteProgress(None, enabled=show_progress, desc="gutenberg")
-    cancel = threading.Event()
+    cancel = Cancel()  # set: every worker stops, a stalled read at once
 
     def one(book: Book) -> None:
         rel = f"gutenberg/{book.id}.txt"
@@ -180,7 +180,7 @@ def download_books(
 
 
 def _fetch_book(
-    book: Book, dest: Path, mirror: str, policy: RetryPolicy, progress: ByteProgress, cancel: threading.Event
+    book: Book, dest: Path, mirror: str, policy: RetryPolicy, progress: ByteProgress, cancel: Cancel
 ) -> tuple[dict[str, Any], bool]:
     """The book's manifest entry, and whether `dest` was written (False: it already held exactly this text)."""
     raw_dest = dest.with_name(dest.name + ".partial")

@@ -13,10 +13,10 @@ mid-body is charged to the same `Retry` budget and resumed, never restarted.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
-import os
 import shutil
 import threading
 import time
@@ -26,10 +26,11 @@ from typing import Mapping
 
 import urllib3
 from urllib3.exceptions import HTTPError as TransportError, MaxRetryError, ProtocolError
+from urllib3.util.retry import Retry
 
 from pipeline.download.checksums import RunningDigest, hash_file
 from pipeline.download.publish import only_writer, publish
-from pipeline.download.retry import RETRY_STATUS, Cancelled, RetryPolicy, describe as _describe
+from pipeline.download.retry import RETRY_STATUS, Cancel, Cancelled, RetryPolicy, describe as _describe
 from pipeline.download.errors import (
     ChecksumMismatchError,
     DiskFullError,
@@ -217,6 +218,8 @@ def fetch(
                 outcome = _attempt(url, dest, expected_size, policy, retry, progress, cancel, digest)
                 if outcome is None:
                     break
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(url)  # the read was cut by `Cancel.set`, not by the network
                 # urllib3 retries up to the response headers; a body cut short is resumed here, on the same budget.
                 retry = retry.increment("GET", url, error=outcome.error)
             except MaxRetryError as err:
@@ -257,7 +260,7 @@ def _attempt(
     dest: Path,
     expected_size: int | None,
     policy: RetryPolicy,
-    retry: _Retry,
+    retry: Retry,
     progress: ByteProgress | None,
     cancel: threading.Event | None,
     digest: RunningDigest,
@@ -323,7 +326,8 @@ def _attempt(
             digest.reset()
         else:
             digest.sync(part)
-        with open(part, mode) as f:
+        reading = cancel.reading(resp) if isinstance(cancel, Cancel) else contextlib.nullcontext()
+        with reading, open(part, mode) as f:
             # read1: what has arrived (<= CHUNK); read() would drop it if the connection died mid-CHUNK.
             while block := resp.read1(CHUNK):
                 if cancel is not None and cancel.is_set():

@@ -1,8 +1,10 @@
 """The retry budget of a download: urllib3's `Retry`, made to log, to stop on Ctrl-C, to wait before
-the first retry as `--backoff` says and not to spend the budget on redirects."""
+the first retry as `--backoff` says and not to spend the budget on redirects; and `Cancel`, the flag
+Ctrl-C sets, which also wakes the transfers blocked in a read."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import random
@@ -90,6 +92,41 @@ class _Retry(Retry):
 
 class Cancelled(Exception):
     """Raised in download threads once `cancel` is set (Ctrl-C in the main thread)."""
+
+
+class Cancel(threading.Event):
+    """A cancel flag that, when set, also shuts down the sockets of the responses being read: a worker
+    blocked in a read on a stalled connection would otherwise hold Ctrl-C for up to `--timeout`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._reading: set = set()
+
+    def set(self) -> None:
+        super().set()
+        with self._lock:
+            reading = list(self._reading)
+        for resp in reading:
+            _shutdown(resp)
+
+    @contextlib.contextmanager
+    def reading(self, resp):
+        """While the body of `resp` is read: a `set()` meanwhile interrupts the read."""
+        with self._lock:
+            self._reading.add(resp)
+        try:
+            if self.is_set():
+                _shutdown(resp)
+            yield
+        finally:
+            with self._lock:
+                self._reading.discard(resp)
+
+
+def _shutdown(resp) -> None:
+    with contextlib.suppress(Exception):  # already closed or handed back: nothing left to wake
+        resp.shutdown()
 
 
 def describe(err: BaseException | None) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from pipeline.download.checksums import parse_checksum_list
 from pipeline.download.errors import DownloadError, ExistingFileError, NotFoundError
 from pipeline.download.http import ByteProgress, FetchResult, RetryPolicy, ensure_free_space, fetch, get_bytes, part_path
 from pipeline.download.manifest import read_manifest, update_manifest, utc_now
+from pipeline.download.retry import Cancel
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def _fetch_all(files: list[DumpFile], out: Path, jobs: int, policy: RetryPolicy,
     """Fetch every file, `jobs` at a time. One failure does not stop the others (their bytes are
     kept for the rerun); the first error is raised once all have finished, naming the rest."""
 
-    cancel = threading.Event()
+    cancel = Cancel()  # set: every worker stops, a stalled read at once
 
     def one(f: DumpFile) -> FetchResult:
         # One published digest is enough to verify; hashing a 20 GB dump twice is not free.

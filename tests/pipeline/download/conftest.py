@@ -64,6 +64,8 @@ class MirrorServer:
     corrupt_at: dict[str, int] = field(default_factory=dict)  # path -> offset of a flipped byte
     fail_status: dict[str, list[int]] = field(default_factory=dict)  # path -> statuses to answer first
     redirects: dict[str, str] = field(default_factory=dict)  # path -> where a 302 sends it
+    stall_after: dict[str, int] = field(default_factory=dict)  # path -> bytes sent before the connection stalls
+    release: threading.Event = field(default_factory=threading.Event)  # ends every stall (set at teardown)
     url: str = ""
 
     def requests_for(self, path: str) -> list[RequestRecord]:
@@ -136,6 +138,12 @@ def _handler(server: MirrorServer) -> type[BaseHTTPRequestHandler]:
             self._record(path, status)
             with lock:
                 cut = server.cut_after.pop(path, None)
+            stall = server.stall_after.get(path)
+            if stall is not None and start < stall:
+                # Promise the full length, send bytes up to `stall`, then neither send nor close.
+                self._send(status, data, headers, send_bytes=stall - start)
+                server.release.wait(60)
+                return
             if cut is not None and start < cut:
                 # Promise the full length, send bytes up to `cut`, drop the connection.
                 self._send(status, data, headers, send_bytes=cut - start)
@@ -174,6 +182,7 @@ def http_server():
     try:
         yield server
     finally:
+        server.release.set()
         httpd.shutdown()
         httpd.server_close()
 

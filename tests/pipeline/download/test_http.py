@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,34 @@ def test_cancel_stops_a_transfer_and_keeps_the_part_file(mirror, tmp_path: Path)
     with pytest.raises(Cancelled):
         fetch(mirror.url + PATH, dest, policy=FAST, progress=CancelAfterFirstChunk(None, enabled=False), cancel=cancel)
     assert not dest.exists() and 0 < part_path(dest).stat().st_size < len(mirror.files[PATH])
+
+
+def test_cancel_wakes_a_read_stalled_on_a_silent_connection(mirror, tmp_path: Path) -> None:
+    # Ctrl-C used to wait for the read timeout (--timeout, 60 s by default) when the server went quiet.
+    from pipeline.download.retry import Cancel
+
+    mirror.stall_after[PATH] = 300_000
+    cancel, outcome = Cancel(), {}
+    dest = tmp_path / "dump.xml.bz2"
+
+    def download() -> None:
+        try:
+            fetch(mirror.url + PATH, dest, policy=RetryPolicy(max_retries=3, backoff_s=0.01, timeout_s=30), cancel=cancel)
+        except Cancelled as err:
+            outcome["cancelled"] = err
+
+    worker = threading.Thread(target=download)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not (part_path(dest).exists() and part_path(dest).stat().st_size == 300_000) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert part_path(dest).stat().st_size == 300_000  # stalled there, blocked in a read
+    started = time.monotonic()
+    cancel.set()
+    worker.join(10)
+    assert not worker.is_alive() and "cancelled" in outcome
+    assert time.monotonic() - started < 5  # not the 30 s read timeout
+    assert not dest.exists() and part_path(dest).stat().st_size == 300_000  # kept for a resume
 
 
 def test_changed_file_upstream_restarts_instead_of_splicing(mirror, tmp_path: Path) -> None:
