@@ -106,6 +106,12 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
     metric_row = "| (dev metric) | " + " | ".join(METRIC_ABBR.get(summary[t]["metric"], summary[t]["metric"]) for t in tasks) + " | |"
     points = [summary[t]["best"]["score"] * (1 if t == "squad" else 100) for t in tasks if summary[t]["best"]]
     avg = f"{statistics.fmean(points):.1f}" if points and len(points) == len(tasks) else "-"
+    # The row is named after the checkpoint, unless the best point swept away from it (a demo's `init random`).
+    inits = {summary[t]["best"]["config"].get("init", "checkpoint") for t in tasks if summary[t]["best"]}
+    if inits == {"random"}:
+        name = f"random init ({name}'s architecture)"
+    elif "random" in inits:
+        name = f"{name} or random init (best config)"
     score_row = f"| {name} | " + " | ".join(_cell(t, summary[t]) for t in tasks) + f" | {avg} |"
 
     def cfg(t: str) -> str:

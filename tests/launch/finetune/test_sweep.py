@@ -95,7 +95,9 @@ def test_a_grid_axis_beyond_the_papers_three_is_named_in_the_table_and_the_plot(
     s = summarize(trials)
     assert s["sst2"]["best"]["config"]["init"] == "random" and s["sst2"]["best"]["score"] == pytest.approx(0.765)
     # max_seq_len is in every point with one value: it names no difference, so it is not shown.
-    assert markdown_table(s, name="hf_model").splitlines()[4] == "| best config | lr 0.0005, bs 32, ep 2, init random | |"
+    table = markdown_table(s, name="hf_model").splitlines()
+    assert table[4] == "| best config | lr 0.0005, bs 32, ep 2, init random | |"
+    assert table[3].startswith("| random init (hf_model's architecture) | 76.5")  # not "hf_model 76.5"
     # sweep.png draws one line per init, not both inits averaged into one point.
     assert grid_lines(trials, "sst2") == {"bs 32, ep 2, init checkpoint": {5e-4: [0.60, 0.62]},
                                           "bs 32, ep 2, init random": {5e-4: [0.76, 0.77]}}
