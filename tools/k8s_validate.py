@@ -280,7 +280,22 @@ def policy_findings(doc: Any, source: str) -> list[Finding]:
                 for j, env in enumerate(container.get("env") or []):
                     if "value" in env and any(w in env.get("name", "").upper() for w in ("TOKEN", "PASSWORD", "SECRET", "KEY")):
                         findings.append(Finding(source, name, f"{cpath}.env[{j}]", "secret-like values go in a Secret, by reference"))
-    return findings
+    return findings + ray_scaling_findings(doc, source)
+
+
+def ray_scaling_findings(doc: Any, source: str) -> list[Finding]:
+    """A Ray worker group's min/maxReplicas bound only KubeRay's autoscaler: without it `replicas` is fixed."""
+    if not isinstance(doc, dict) or doc.get("kind") not in ("RayCluster", "RayJob"):
+        return []
+    spec, where = doc.get("spec") or {}, "spec"
+    if doc["kind"] == "RayJob":
+        spec, where = spec.get("rayClusterSpec") or {}, "spec.rayClusterSpec"
+    if spec.get("enableInTreeAutoscaling"):
+        return []
+    return [Finding(source, object_name(doc), f"{where}.workerGroupSpecs[{i}]",
+                    "maxReplicas differs from replicas but enableInTreeAutoscaling is not true, so it has no effect")
+            for i, group in enumerate(spec.get("workerGroupSpecs") or [])
+            if group.get("maxReplicas") is not None and group.get("maxReplicas") != group.get("replicas")]
 
 
 def find_kubectl() -> str:

@@ -242,6 +242,17 @@ def test_policy_catches_root_privilege_and_a_missing_dev_shm(rendered) -> None:
         assert expected in messages, messages
 
 
+def test_ray_worker_bounds_without_the_autoscaler_are_caught(rendered) -> None:
+    # The RayJob had maxReplicas 8 (32 in the multinode overlay) and no autoscaler: a fixed 4 workers.
+    for overlay in ("k8s/base", "k8s/overlays/multinode"):
+        for doc in (o for o in rendered[overlay] if o["kind"] in ("RayJob", "RayCluster")):
+            assert policy_findings(doc, "t") == [], (overlay, doc["kind"])
+    job = copy.deepcopy(next(o for o in rendered["k8s/overlays/multinode"] if o["kind"] == "RayJob"))
+    del job["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"]
+    [finding] = policy_findings(job, "t")
+    assert finding.path == "spec.rayClusterSpec.workerGroupSpecs[0]" and "has no effect" in finding.message
+
+
 def test_missing_kubectl_says_what_to_install(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(k8s_validate.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
