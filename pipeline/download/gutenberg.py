@@ -32,6 +32,7 @@ from pipeline.download.errors import DiskFullError, ExistingFileError, FormatErr
 from pipeline.download.gutenberg_text import decode_gutenberg, strip_gutenberg
 from pipeline.download.http import ByteProgress, RetryPolicy, fetch, get_bytes
 from pipeline.download.manifest import MANIFEST_NAME, read_manifest, update_manifest, utc_now
+from pipeline.download.publish import publish
 from pipeline.download.retry import Cancel
 
 logger = logging.getLogger(__name__)
@@ -218,7 +219,13 @@ def _fetch_book(
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(f"the disk filled up while writing {dest}; free some space and rerun the same command") from None
             raise
-        os.replace(tmp, dest)
+        try:
+            publish(tmp, dest)  # fsynced, and never over a file that appeared at `dest` meanwhile
+        except ExistingFileError:
+            tmp.unlink(missing_ok=True)
+            raw_dest.unlink(missing_ok=True)
+            raise ExistingFileError(f"{dest} appeared while ebook #{book.id} was being written (bertpipe did not "
+                                    "write it); move it aside and rerun to fetch the book") from None
     raw_dest.unlink(missing_ok=True)
     return {
         "source": SOURCE_KEY, "url": fetched.url, "id": book.id, "title": book.title, "authors": book.authors,

@@ -171,6 +171,29 @@ def test_a_book_file_bertpipe_did_not_write_is_not_replaced(mirror, tmp_path: Pa
     assert "gutenberg/121.txt" not in manifest["files"] and manifest["sources"]["gutenberg"]["books"] == []
 
 
+def test_a_book_file_that_appears_while_the_book_is_written_is_not_replaced(mirror, tmp_path: Path, capsys,
+                                                                            monkeypatch) -> None:
+    # The name was free when checked; a file put there before the publish step (another program, the
+    # user) used to be replaced by os.replace.
+    out = tmp_path / "raw"
+    dest = out / "gutenberg" / "105.txt"
+    write_bytes = Path.write_bytes
+
+    def write_then_someone_else_takes_the_name(self: Path, data: bytes) -> int:
+        written = write_bytes(self, data)
+        if self.name.startswith("105.txt.") and self.name.endswith(".partial") and not dest.exists():
+            write_bytes(dest, b"my own copy\n")
+        return written
+
+    monkeypatch.setattr(Path, "write_bytes", write_then_someone_else_takes_the_name)
+    rc, stdout, err = _run(["download", "books", "--ids", "105", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert "skipped #105: " in stdout and "appeared while ebook #105 was being written" in stdout, stdout
+    assert dest.read_bytes() == b"my own copy\n"
+    assert "gutenberg/105.txt" not in json.loads((out / "download.json").read_text())["files"]
+    assert not list((out / "gutenberg").glob("*.partial*"))
+
+
 def test_wikipedia_date_not_on_the_mirror_says_what_to_do(mirror, tmp_path: Path, capsys) -> None:
     rc, _, err = _run(["download", "wikipedia", "--date", "20990101", "--out", str(tmp_path), "--mirror", mirror.url, *FAST], capsys)
     assert rc == 2 and "Traceback" not in err
