@@ -30,7 +30,6 @@ from urllib3.util.retry import Retry
 
 from pipeline.download.checksums import RunningDigest, hash_file
 from pipeline.download.publish import only_writer, publish
-from pipeline.download.retry import RETRY_STATUS, Cancel, Cancelled, RetryPolicy, describe as _describe
 from pipeline.download.errors import (
     ChecksumMismatchError,
     DiskFullError,
@@ -39,6 +38,7 @@ from pipeline.download.errors import (
     NetworkError,
     NotFoundError,
 )
+from pipeline.download.retry import RETRY_STATUS, Cancel, Cancelled, RetryPolicy, describe as _describe
 
 logger = logging.getLogger(__name__)
 
