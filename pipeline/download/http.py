@@ -46,7 +46,9 @@ logger = logging.getLogger(__name__)
 USER_AGENT = "bertpipe-download/0.1 (BERT pre-training data pipeline; urllib3)"
 CHUNK = 1 << 20
 # identity: a transparently gzip-compressed response would break byte offsets for Range.
-_HTTP = urllib3.PoolManager(headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
+# maxsize: a connection per parallel download (--jobs) is kept for reuse; with urllib3's default of 1,
+# every finished transfer beside another logged "Connection pool is full, discarding connection".
+_HTTP = urllib3.PoolManager(maxsize=64, headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
 
 
 class ByteProgress:

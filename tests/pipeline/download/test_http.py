@@ -109,6 +109,43 @@ def test_cancel_wakes_a_read_stalled_on_a_silent_connection(mirror, tmp_path: Pa
     assert not dest.exists() and part_path(dest).stat().st_size == 300_000  # kept for a resume
 
 
+def test_parallel_downloads_keep_their_connections_without_pool_warnings(caplog) -> None:
+    # A keep-alive (HTTP/1.1) server, as real mirrors are: urllib3's default pool of one connection per
+    # host discarded the others with a warning each time two transfers overlapped.
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from pipeline.download.http import get_bytes
+
+    class KeepAlive(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            body = b"x" * 1000
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/small"
+    try:
+        with caplog.at_level("WARNING", logger="urllib3"):
+            workers = [threading.Thread(target=lambda: [get_bytes(url, FAST) for _ in range(20)]) for _ in range(4)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join(60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+
+
 def test_changed_file_upstream_restarts_instead_of_splicing(mirror, tmp_path: Path) -> None:
     dest = tmp_path / "dump.xml.bz2"
     mirror.cut_after[PATH] = 50_000
