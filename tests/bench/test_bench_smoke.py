@@ -91,13 +91,14 @@ def test_pretrain_crossover_bench_fine_tunes_each_checkpoint_beside_random_init(
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, str(REPO / "bench" / "pretrain_crossover.py"), "--corpus", str(small_corpus),
-            "--out", str(tmp_path), "--run", "t:tiny:adamw:1e-3:8", "--steps", "4", "--save-every", "2", "--at", "2",
+            "--out", str(tmp_path), "--run", "t:tiny:adamw:1e-3:8", "--steps", "4", "--save-every", "2", "--at", "99",
             "--warmup", "1", "--seeds", "1", "--max-train-samples", "64", "--jobs", "2"]
     out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())
-    assert [(r["step"], r["samples"]) for r in rows] == [(2, 16), (4, 32)], rows
+    assert [(r["step"], r["samples"]) for r in rows] == [(4, 32)], rows  # --at names no saved step: the last
     for r in rows:
         assert len(r["sst2"]) == 1 and len(r["random_init"]) == 1 and 0.0 < r["sst2"][0] < 1.0, r
     assert rows[0]["heldout_mlm"] is not None  # evaluated at each save
+    assert (tmp_path / "t" / "checkpoints" / "global_step2").is_dir()  # saved, but not chosen
     assert "| t:tiny:adamw:1e-3:8 | 4 | 32 |" in out.stdout
