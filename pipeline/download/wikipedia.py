@@ -102,8 +102,10 @@ def dump_status(mirror: str, wiki: str, date: str, policy: RetryPolicy) -> dict[
 
 
 def _status_shape_problem(jobs: dict[str, Any]) -> str | None:
-    """What in `jobs` is not of the shape the dumps publish (a mirror's broken copy), or None."""
-    for job, info in jobs.items():
+    """What in the jobs we read is not of the shape the dumps publish (a mirror's broken copy), or None.
+    The dump's other jobs (history, stubs, ...) are not ours to judge."""
+    ours = [job for layout_jobs in LAYOUT_JOBS.values() for job in layout_jobs if job in jobs]
+    for job, info in ((job, jobs[job]) for job in dict.fromkeys(ours)):
         if not isinstance(info, dict):
             return f"jobs.{job} is not an object"
         files = info.get("files", {})

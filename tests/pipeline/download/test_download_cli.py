@@ -304,3 +304,10 @@ def test_a_dumpstatus_of_the_wrong_shape_is_named_not_a_traceback(mirror, dump_n
                            "--mirror", mirror.url, *FAST], capsys)
         assert rc == 2 and "Traceback" not in err and message in err and "dumpstatus.json" in err, err
         assert "try another --mirror" in err
+    # A job bertpipe does not read is not its business: a broken history job does not stop the download.
+    status = json.loads(json.dumps(good))
+    status["jobs"]["metahistorybz2dump"] = "broken"
+    mirror.files[base + "dumpstatus.json"] = json.dumps(status).encode()
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(tmp_path / "ok"),
+                       "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
