@@ -33,12 +33,29 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 GLUE = REPO / "data" / "glue"
 # The demo's fine-tuning settings (launch/cli/demo.py's grid), for both inits.
 FINETUNE = ["--task", "sst2", "--data-dir", str(GLUE), "--lr", "5e-4", "--batch-size", "32", "--epochs", "2",
             "--max-seq-len", "64", "--precision", "fp32", "--threads", "1"]
+
+
+class Run(NamedTuple):
+    """One `--run NAME:PRESET:OPTIM:LR[:BATCH]`, parsed once."""
+
+    spec: str
+    name: str
+    preset: str
+    optim: str
+    lr: str
+    batch: int
+
+
+def parse_run(spec: str, default_batch: int) -> Run:
+    name, preset, optim, lr, batch = (spec.split(":") + [str(default_batch)])[:5]
+    return Run(spec, name, preset, optim, lr, int(batch))
 
 
 def bertpipe(*argv: str, log: Path) -> subprocess.Popen:
@@ -51,11 +68,11 @@ def bertpipe(*argv: str, log: Path) -> subprocess.Popen:
 def pretrain_all(args: argparse.Namespace, out: Path) -> dict[str, float]:
     """Start every run, stop what is still going at the budget; returns each run's wall seconds."""
     procs, started = {}, time.monotonic()
-    for spec in args.run:
-        name, preset, optim, lr, batch = (spec.split(":") + [str(args.batch)])[:5]
+    for run in args.run:
+        name = run.name
         argv = ["pretrain", "--config", "demo", "--data", str(args.corpus), "--out", str(out / name), "--nproc", "1",
-                "--model.preset", preset, "--optim.name", optim, "--optim.lr", lr, "--max-steps", str(args.steps),
-                "--data.global-batch-size", batch, "--data.micro-batch-size", batch,
+                "--model.preset", run.preset, "--optim.name", run.optim, "--optim.lr", run.lr, "--max-steps", str(args.steps),
+                "--data.global-batch-size", str(run.batch), "--data.micro-batch-size", str(run.batch),
                 "--data.dynamic-masking", "true", "--schedule.decay", "constant", "--schedule.warmup-steps",
                 str(args.warmup), "--save-every", str(args.save_every), "--checkpoint.keep-last", "1000",
                 "--log.eval-every", str(args.save_every), "--log.eval-samples", "2048", "--log.log-every", "50"]
@@ -107,8 +124,7 @@ def export(name: str, step: int, out: Path) -> Path | None:
 def finetune_jobs(args: argparse.Namespace, out: Path, pool: ThreadPoolExecutor) -> list[tuple[str, int | None, int, Path]]:
     """(run, step or None for random init, seed, HF dir) for each fine-tuning; exports the checkpoints."""
     chosen = []
-    for spec in args.run:
-        name = spec.split(":")[0]
+    for name in (run.name for run in args.run):
         steps = saved_steps(out / name)
         if not steps:
             print(f"{name}: no checkpoint saved; see {name}.pretrain.log", flush=True)
@@ -159,7 +175,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=12, help="exports / fine-tunings at a time")
     parser.add_argument("--max-train-samples", type=int, default=None)
     args = parser.parse_args()
-    args.run = args.run or ["tiny:tiny:lamb:0.02", "tiny-adamw:tiny:adamw:1e-3", "mini:mini:adamw:5e-4"]
+    args.run = [parse_run(spec, args.batch) for spec in
+                args.run or ["tiny:tiny:lamb:0.02", "tiny-adamw:tiny:adamw:1e-3", "mini:mini:adamw:5e-4"]]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
@@ -176,18 +193,16 @@ def main() -> int:
         if score is not None:
             by.setdefault((name, step), []).append(score)
     rows = []
-    for spec in args.run:
-        name = spec.split(":")[0]
-        acc = heldout_accuracy(out / name)
-        random_init = by.get((name, None), [])
-        for (run, step), values in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-            if run != name or step is None:
+    for run in args.run:
+        acc = heldout_accuracy(out / run.name)
+        random_init = by.get((run.name, None), [])
+        for (name, step), values in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            if name != run.name or step is None:
                 continue
             gain = 100 * (statistics.mean(values) - statistics.mean(random_init)) if random_init else float("nan")
-            batch = int((spec.split(":") + [str(args.batch)])[4])
-            rows.append({"run": spec, "step": step, "samples": step * batch, "heldout_mlm": acc.get(step),
+            rows.append({"run": run.spec, "step": step, "samples": step * run.batch, "heldout_mlm": acc.get(step),
                          "sst2": values, "random_init": random_init, "gain_points": gain,
-                         "pretrain_wall_s": walls.get(name)})
+                         "pretrain_wall_s": walls.get(run.name)})
     (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = ["| run (name:preset:optim:lr[:batch]) | step | samples | held-out MLM | SST-2 dev, pre-trained | random init | gain |",
              "|---|---:|---:|---:|---:|---:|---:|"]

@@ -84,15 +84,15 @@ def list_dump_dates(mirror: str, wiki: str, policy: RetryPolicy) -> list[str]:
 
 def dump_status(mirror: str, wiki: str, date: str, policy: RetryPolicy) -> dict[str, Any] | None:
     """The dump's `dumpstatus.json`, or None when the mirror does not carry one."""
+    url = f"{mirror}/{wiki}/{date}/dumpstatus.json"
     try:
-        raw = get_bytes(f"{mirror}/{wiki}/{date}/dumpstatus.json", policy)
+        raw = get_bytes(url, policy)
     except NotFoundError:
         return None
     try:
         status = json.loads(raw)
     except ValueError as err:
-        raise DownloadError(f"{mirror}/{wiki}/{date}/dumpstatus.json is not valid JSON ({err}); try another --mirror") from None
-    url = f"{mirror}/{wiki}/{date}/dumpstatus.json"
+        raise DownloadError(f"{url} is not valid JSON ({err}); try another --mirror") from None
     if not isinstance(status, dict) or not isinstance(status.get("jobs"), dict):
         raise DownloadError(f"{url} has no 'jobs' mapping; try another --mirror")
     problem = _status_shape_problem(status["jobs"])
