@@ -15,11 +15,13 @@ credited the same FLOPs. Also reported: MFU against the bf16 dense spec peak and
 bf16 matmul measured in this run, peak memory per runner (reset before each of its rounds, max over
 them; both engines stay resident, so the rows differ by their step's working memory; a runner that runs
 out of memory is reported as such and the other goes on), the padding fraction of the batches, dynamo graphs and
-recompiles, a forward / backward / optimizer split of one step (each phase synchronised, so its sum
-exceeds the free-running step), and, from the profiler, the attention kernels that ran and the top
-kernels by GPU time.
+recompiles. After each phase's table (so a time limit hit later still leaves the rows): a forward /
+backward / optimizer split of one step (each phase synchronised, so its sum exceeds the free-running
+step), and, from the profiler over one micro-batch's forward and backward, the attention kernels that
+ran and the top kernels by GPU time.
 
-  .venv/bin/python bench/pretrain_gpu.py --accumulation 16     # GPU: phases 128 and 512
+  .venv/bin/python bench/pretrain_gpu.py --prepare --corpus-dir .bench/large   # CPU: the corpora, with Beam
+  python bench/pretrain_gpu.py --corpus-dir .bench/large --accumulation 4      # GPU: phases 128 and 512
   .venv/bin/python bench/pretrain_gpu.py --cpu-smoke           # CPU check: tiny model, few steps
 """
 
@@ -199,12 +201,15 @@ class _Phases:
 
 
 def profile(runner, device: torch.device) -> tuple[list[str], list[tuple[str, float]]]:
-    """One step under torch.profiler: attention kernel names, and the top kernels by device time."""
+    """One micro-batch's forward and backward under torch.profiler: attention kernel names, and the top
+    kernels by device time. One micro-batch, not a global step: the profiler's bookkeeping over a whole
+    BERT-Large step at accumulation 16 took minutes (H200, 2026-11-26). Run after all timing."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
+    batch, _ = next(runner.batches)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch_profile(activities=activities) as prof:
-        runner.step()
+        runner.engine.backward(runner._loss(batch))
         _sync(device)
     if device.type == "cuda":
         events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -240,9 +245,10 @@ def bench_phase(args, seq_len: int, device: torch.device, tmp: Path) -> list[dic
     if args.compile_mode:
         overrides.append(f"model.compile_mode={args.compile_mode}")
     cfg = load_config(PretrainConfig, phase, overrides)
-    cfg.model.fields = {**cfg.model.fields, "attention_probs_dropout_prob": args.attention_dropout,
-                        "varlen_dropout": args.varlen_dropout}
-    corpus = Path(args.corpus) if args.corpus else build_corpus(tmp / f"corpus{seq_len}", seq_len)
+    cfg.model.fields = {**cfg.model.fields, "attention_probs_dropout_prob": args.attention_dropout}
+    if args.varlen_dropout is not None:
+        cfg.model.fields["varlen_dropout"] = args.varlen_dropout
+    corpus = Path(args.corpus) if args.corpus else build_corpus(corpus_root(args, tmp) / f"seq{seq_len}", seq_len)
 
     torch.manual_seed(0)
     ours = Ours(cfg, corpus, tmp / f"run{seq_len}")
@@ -296,27 +302,45 @@ def bench_phase(args, seq_len: int, device: torch.device, tmp: Path) -> list[dic
     samples_per_step = micro * accum
     results = []
     for r in runners:
-        timed_tokens = r.real_tokens  # before the split and profiled steps add theirs
-        if not r.error:
-            try:
-                split = r.phases()
-                attention, top = profile(r, device)
-            except torch.OutOfMemoryError:
-                oom(r, "split/profile step")
         if r.error:
-            results.append(dict(label=r.label, phase=seq_len, micro=micro, accum=accum, error=r.error,
-                                peak_gib=r.peak_gib, attention=[], top=[]))
+            results.append(dict(label=r.label, phase=seq_len, micro=micro, accum=accum, error=r.error, peak_gib=r.peak_gib))
             continue
         median, lo, hi = statistics.median(r.times), min(r.times), max(r.times)
-        steps = len(r.times) * args.steps
-        real_per_step = timed_tokens / steps
+        real_per_step = r.real_tokens / (len(r.times) * args.steps)
         results.append(dict(
             label=r.label, phase=seq_len, micro=micro, accum=accum, step_s=median, spread=(hi - lo) / median,
             seq_s=samples_per_step / median, tok_s=real_per_step / median,
             tflops=flops_token * real_per_step / median / 1e12, padding=1 - real_per_step / (samples_per_step * seq_len),
-            split=split, attention=attention, top=top, peak_gib=r.peak_gib, error=None))
+            peak_gib=r.peak_gib, error=None))
     results[0].update(graphs=graphs, recompiles=recompiles - recompiles0, new_graphs=graphs - graphs0)
-    return results
+    return runners, results
+
+
+def split_and_profile(runner, device: torch.device) -> str:
+    """After the timed rounds: the synchronised forward / backward / optimizer split of one global step
+    and the profiled micro-batch, as the lines to print (or why they are missing)."""
+    if runner.error:
+        return ""
+    try:
+        fwd, bwd, opt = (1e3 * x for x in runner.phases())
+        attention, top = profile(runner, device)
+    except torch.OutOfMemoryError:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return f"  {runner.label}: out of memory in the split / profiled step"
+    return (f"  {runner.label} split (each phase synchronised): forward {fwd:.1f} ms, backward {bwd:.1f} ms per "
+            f"micro-batch, optimizer {opt:.1f} ms per step\n"
+            f"  {runner.label} attention kernels: {', '.join(attention) or '(none named)'}\n"
+            f"  {runner.label} top kernels (ms, one profiled micro-batch forward + backward): "
+            + "; ".join(f"{k[:60]} {ms:.1f}" for k, ms in top))
+
+
+def corpus_root(args, tmp: Path) -> Path:
+    return Path(args.corpus_dir) if args.corpus_dir else tmp
+
+
+def _preset_or(flag: bool | None) -> str:
+    return "(the preset's)" if flag is None else str(flag)
 
 
 def main(argv=None) -> int:
@@ -332,11 +356,18 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--optim", choices=("lamb", "adamw"), default="lamb")
     parser.add_argument("--attention-dropout", type=float, default=0.1, help="both models (the paper's 0.1)")
-    parser.add_argument("--varlen-dropout", action="store_true",
-                        help="ours: varlen flash attention with attention dropout (model.fields.varlen_dropout)")
-    parser.add_argument("--no-compile", dest="compile", action="store_false", help="ours without the fused blocks")
+    parser.add_argument("--varlen-dropout", action=argparse.BooleanOptionalAction,
+                        help="ours: varlen flash attention with attention dropout (model.fields.varlen_dropout; "
+                             "default: the phase preset's)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                        help="ours with the fused blocks (model.compile); off as in the trainer: on an H200 they "
+                             "gained nothing measurable (docs/PERFORMANCE.md)")
     parser.add_argument("--compile-mode", help="torch.compile mode of the fused blocks (model.compile_mode)")
-    parser.add_argument("--corpus", help="an existing corpus directory (default: build one from the bundled data)")
+    parser.add_argument("--corpus", help="an existing corpus directory, used for every phase")
+    parser.add_argument("--corpus-dir", help="per-phase corpora DIR/seq128, DIR/seq512, built from the bundled data "
+                                             "where missing (default: a temporary directory)")
+    parser.add_argument("--prepare", action="store_true",
+                        help="only build the --corpus-dir corpora and exit (here, for a GPU machine without Beam)")
     parser.add_argument("--peak-tflops", type=float, help="bf16 dense peak of this GPU (default: from its name)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU, few steps: checks the script, not speed")
     args = parser.parse_args(argv)
@@ -344,6 +375,12 @@ def main(argv=None) -> int:
 
     setup_logging()
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    if args.prepare:
+        if not args.corpus_dir:
+            parser.error("--prepare needs --corpus-dir")
+        for seq_len in args.phases:
+            print(build_corpus(Path(args.corpus_dir) / f"seq{seq_len}", seq_len))
+        return 0
     if args.cpu_smoke:
         args.preset, args.micro_batch, args.accumulation = "tiny", args.micro_batch or 8, args.accumulation or 2
         args.steps, args.repeats, args.warmup, args.phases = 1, 2, 1, [128]
@@ -364,35 +401,32 @@ def main(argv=None) -> int:
     transformers.utils.logging.disable_progress_bar()
     print(f"device {name}; torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers "
           f"{transformers.__version__}; {args.dtype}, optimizer {args.optim}, preset {args.preset}, attention dropout "
-          f"{args.attention_dropout}, varlen_dropout {args.varlen_dropout}, compile {args.compile} "
+          f"{args.attention_dropout}, varlen_dropout {_preset_or(args.varlen_dropout)}, compile {args.compile} "
           f"({args.compile_mode or 'default'}); spec peak {peak:.0f} TFLOP/s, measured matmul {mm:.1f} TFLOP/s")
     print(f"{'seq':>4} {'micro':>5} {'acc':>4} {'model':<13} {'seq/s':>8} {'spread':>6} {'tok/s':>9} {'TFLOP/s':>8} "
-          f"{'MFU spec':>8} {'MFU mm':>7} {'peak GiB':>8} {'pad':>5} {'fwd ms':>7} {'bwd ms':>7} {'opt ms':>7} {'vs HF':>6}")
+          f"{'MFU spec':>8} {'MFU mm':>7} {'peak GiB':>8} {'pad':>5} {'vs HF':>6}")
     with tempfile.TemporaryDirectory() as tmp:
         for seq_len in args.phases:
-            results = bench_phase(args, seq_len, device, Path(tmp))
+            runners, results = bench_phase(args, seq_len, device, Path(tmp))
             hf = results[-1] if results[-1]["label"] == "transformers" else None
             hf_rate = hf["seq_s"] if hf and not hf["error"] else float("nan")
             for r in results:
                 if r["error"]:
                     print(f"{seq_len:>4} {r['micro']:>5} {r['accum']:>4} {r['label']:<13} {r['error']}", flush=True)
                     continue
-                fwd, bwd, opt = (1e3 * x for x in r["split"])
                 print(f"{seq_len:>4} {r['micro']:>5} {r['accum']:>4} {r['label']:<13} {r['seq_s']:>8.1f} "
                       f"{r['spread']:>6.1%} {r['tok_s']:>9.0f} {r['tflops']:>8.2f} {r['tflops'] / peak:>8.1%} "
-                      f"{r['tflops'] / mm:>7.1%} {r['peak_gib']:>8.1f} {r['padding']:>5.1%} {fwd:>7.1f} {bwd:>7.1f} "
-                      f"{opt:>7.1f} {r['seq_s'] / hf_rate:>5.2f}x", flush=True)
+                      f"{r['tflops'] / mm:>7.1%} {r['peak_gib']:>8.1f} {r['padding']:>5.1%} "
+                      f"{r['seq_s'] / hf_rate:>5.2f}x", flush=True)
             if len(results) == 1:
                 print("  transformers: could not be built next to ours (out of memory)")
             print("  peak GiB: per runner, reset before each of its timed rounds, max over them; both engines are "
                   "resident throughout, so the rows differ by their step's working memory")
             ours = results[0]
             print(f"  ours: dynamo graphs {ours['graphs']} ({ours['new_graphs']} new while timed), "
-                  f"recompiles while timed {ours['recompiles']}")
-            for r in results:
-                print(f"  {r['label']} attention kernels: {', '.join(r['attention']) or '(none named)'}")
-                print(f"  {r['label']} top kernels (ms in one profiled step): " +
-                      "; ".join(f"{k[:60]} {ms:.1f}" for k, ms in r["top"]))
+                  f"recompiles while timed {ours['recompiles']}", flush=True)
+            for r in runners:  # printed as each finishes: the rows above survive a time limit hit here
+                print(split_and_profile(r, device), flush=True)
     return 0
 
 
