@@ -149,8 +149,8 @@ def varlen_refusal(device_type: str, dtype: torch.dtype, dropout_p: float, train
     if dtype not in (torch.float16, torch.bfloat16):
         return f"varlen flash attention needs fp16/bf16, got {dtype}"
     if training and dropout_p > 0 and not varlen_dropout:
-        return ("attention dropout > 0 and varlen_dropout is off (it is not yet measured on a GPU; set "
-                "model.fields.varlen_dropout=true to run flash attention with dropout)")
+        return ("attention dropout > 0 and varlen_dropout is off (set model.fields.varlen_dropout=true to run "
+                "flash attention with dropout: 1.14x at BERT-Large seq 128 on an H200, docs/PERFORMANCE.md)")
     return None
 
 

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 def compile_enabled(setting: bool | None, device_type: str, zero_stage: int) -> bool:
     """`model.compile`: true/false, or null = on where it has been checked (see PretrainConfig)."""
     if setting is None:
-        return False  # auto: off everywhere until measured on a GPU (docs/PERFORMANCE.md says how)
+        return False  # auto: off; on an H200 the fused blocks gained nothing measurable (docs/PERFORMANCE.md)
     if setting and zero_stage == 3:
         # ZeRO-3 gathers parameters in module hooks, which a compiled block would trace into.
         log.warning("model.compile is not applied under ZeRO-3 (its parameter hooks run inside the blocks); eager")

@@ -29,8 +29,9 @@ class ModelSection:
     activation_checkpointing: recompute each encoder layer in backward (applied from outside the model).
     compile: the fused blocks (`model.compile_fast_paths`: bias+GELU, dropout+add+LayerNorm and the
       MLM head compiled by torch.compile; attention stays on its kernels), applied by the trainer after
-      DeepSpeed placed the model; never the whole engine. true, false, or null = auto, which is off
-      until measured on a GPU (docs/PERFORMANCE.md, GPU section). Not applied under ZeRO-3.
+      DeepSpeed placed the model; never the whole engine. true, false, or null = auto = off: measured
+      on an H200 at BERT-Large seq 128 they gained nothing measurable (docs/PERFORMANCE.md,
+      GPU section). Not applied under ZeRO-3.
     compile_mode: torch.compile's mode for those blocks (null = default; e.g. max-autotune-no-cudagraphs).
     """
 
@@ -38,7 +39,7 @@ class ModelSection:
     vocab_size: Optional[int] = None
     fields: dict[str, Any] = field(default_factory=dict)
     activation_checkpointing: bool = False
-    compile: Optional[bool] = None  # fused blocks via torch.compile: true, false, null = auto (off until measured)
+    compile: Optional[bool] = None  # fused blocks via torch.compile: true, false, null = auto (off: no gain measured)
     compile_mode: Optional[str] = None  # torch.compile mode of the fused blocks (null = default)
 
 
