@@ -269,6 +269,11 @@ def validate(cfg: PretrainConfig, *, world_size: int, device_type: str) -> int:
     if cfg.log.eval_samples < world_size:
         raise ValueError(f"--log.eval-samples ({cfg.log.eval_samples}) must be at least the data-parallel size "
                          f"({world_size}): each rank evaluates an equal share")
+    s = cfg.schedule
+    if s.warmup_steps is not None and s.warmup_steps > s.total_steps:
+        raise ValueError(f"{flag_of('schedule.warmup_steps')} ({s.warmup_steps}) is more than "
+                         f"{flag_of('schedule.total_steps')} ({s.total_steps}): the lr would never reach optim.lr; "
+                         "lower the warm-up or raise the total")
     cfg.model.fields = model_fields(cfg.model)
     d = cfg.data
     per_round = d.micro_batch_size * world_size

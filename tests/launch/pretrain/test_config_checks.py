@@ -60,6 +60,8 @@ def test_fp16_generates_dynamic_loss_scaling():
     (["data.global_batch_size=30"], 2, "cpu", r"multiple of data.micro_batch_size x data-parallel size \(8 x 2 = 16\)"),
     (["zero.offload_param=cpu"], 1, "cpu", "needs zero.stage=3"),
     (["precision.dtype=bf16", "zero.stage=0"], 1, "cpu", "needs zero.stage>=1"),
+    (["schedule.total_steps=100", "schedule.warmup_steps=101"], 1, "cpu",
+     r"--schedule.warmup-steps \(101\) is more than --schedule.total-steps \(100\)"),
 ])
 def test_validate_refuses_with_the_fix(overrides, world, device, message):
     with pytest.raises(ValueError, match=message):
