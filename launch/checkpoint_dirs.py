@@ -4,7 +4,7 @@ Everything that takes a checkpoint (`features`, `finetune`, `sweep`, `pretrain`'
 `checkpoint.init_from`, `export`) goes through `resolve_checkpoint(path)`, which accepts:
 - a Hugging Face directory: `config.json` and `model.safetensors`, a sharded
   `model.safetensors.index.json` with its shards, or `pytorch_model.bin` (read as tensors only,
-  `model.hf.load_torch_file`);
+  `model.torch_files.load_torch_file`);
 - a bertpipe RUN directory (`bertpipe pretrain --out RUN`): `RUN/checkpoints/global_step<N>/`, each
   with `bertpipe.json` (step, config, and the size and sha256 of every other file in the folder),
   and `RUN/checkpoints/latest`. It resolves to the export of its newest verified checkpoint,
@@ -32,7 +32,7 @@ from typing import Any
 
 from launch.finetune.examples import DataError
 from pipeline.manifest import sha256_file
-from pipeline.vocab import build_tokenizer, check_embedding_rows, declared_lowercase, vocab_is_cased
+from pipeline.vocab import build_tokenizer, check_embedding_rows, declared_lowercase, read_vocab_tokens, vocab_is_cased
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def verify_checkpoint(ckpt_dir: Path, tag: str) -> str | None:
 def check_tensor_files(folder: Path) -> None:
     """Refuse, naming the file, a `.pt` file under `folder` whose pickle could run code."""
     from launch.pretrain.hf_export import DEEPSPEED_SAFE_GLOBALS
-    from model.hf import check_torch_file
+    from model.torch_files import check_torch_file
 
     for path in sorted(folder.rglob("*.pt")):
         check_torch_file(path, frozenset(DEEPSPEED_SAFE_GLOBALS))
@@ -156,18 +156,38 @@ def select_checkpoint(ckpt_dir: Path, tag: str | None = None) -> str:
     return tag
 
 
+def _export_record(path: Path) -> dict[str, Any]:
+    """The marker of an export bertpipe wrote at `path` ({} when there is none or it is unreadable)."""
+    try:
+        record = json.loads((path / EXPORT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def is_export_of(path: Path, run_dir: Path) -> bool:
     """Whether `path` holds an export of `run_dir` written by bertpipe (its marker says so)."""
-    marker = path / EXPORT_MARKER
+    return _export_record(path).get("run") == str(Path(run_dir).resolve())
+
+
+def _checkpoint_identity(ckpt_dir: Path, tag: str) -> str | None:
+    """sha256 of the checkpoint's `bertpipe.json`, which records the sha256 of each of its files: what
+    an export was made from. None when unreadable."""
     try:
-        record = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return sha256_file(ckpt_dir / tag / META)
+    except OSError:
+        return None
+
+
+def _is_cached_export(path: Path, run_dir: Path, tag: str) -> bool:
+    """An export of checkpoint `tag` of `run_dir` as it is now: not of another tag exported under this
+    name, nor of a checkpoint since retrained under the same tag (its metadata's sha256 differs)."""
+    if not ((path / "config.json").is_file() and (path / "model.safetensors").is_file()):
         return False
-    return isinstance(record, dict) and record.get("run") == str(Path(run_dir).resolve())
-
-
-def _is_cached_export(path: Path, run_dir: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "model.safetensors").is_file() and is_export_of(path, run_dir)
+    record = _export_record(path)
+    identity = _checkpoint_identity(Path(run_dir) / "checkpoints", tag)
+    return (record.get("run") == str(Path(run_dir).resolve()) and record.get("tag") == tag
+            and identity is not None and record.get("checkpoint_sha256") == identity)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -178,18 +198,23 @@ def resolve_checkpoint(path: str | Path) -> Path:
                          f"directory")
     if is_hf_dir(path):
         if not any((path / w).is_file() for w in WEIGHT_FILES[:2]):  # pickle weights only: refused up front
-            from model.hf import check_torch_file
+            from model.torch_files import check_torch_file
 
             check_torch_file(path / "pytorch_model.bin")
         return path
     if is_run_dir(path):
         ckpt_dir = path / "checkpoints"
         tags = checkpoint_tags(ckpt_dir)
-        if tags and _is_cached_export(path / "export" / tags[0], path):
-            return path / "export" / tags[0]  # exported earlier from the verified checkpoint: safetensors
+        if tags and _is_cached_export(path / "export" / tags[0], path, tags[0]):
+            return path / "export" / tags[0]  # exported earlier from this very checkpoint: safetensors
         tag = select_checkpoint(ckpt_dir)
-        if not _is_cached_export(path / "export" / tag, path):
-            export_run(path, path / "export" / tag, tag=tag, verified=True)
+        if not _is_cached_export(path / "export" / tag, path, tag):
+            try:
+                export_run(path, path / "export" / tag, tag=tag, verified=True)
+            except OSError as err:  # a read-only run directory, or RUN/export a file
+                raise ValueError(f"cannot write the export of {path} to {path / 'export' / tag} "
+                                 f"({err.strerror or err}); run `bertpipe export {path} --out DIR` with a "
+                                 f"writable DIR and pass DIR instead") from None
         return path / "export" / tag
     raise ValueError(f"{path} holds no BERT: it is neither a run directory of `bertpipe pretrain` (no checkpoints/) "
                      f"nor a Hugging Face model directory (config.json and one of {', '.join(WEIGHT_FILES)}); "
@@ -237,13 +262,28 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
     try:
         write_export(ckpt_dir, tag, read_meta(ckpt_dir, tag), tmp, run_dir)
         marker = {"format": "bertpipe-export", "run": str(run_dir.resolve()), "tag": tag,
+                  "checkpoint_sha256": _checkpoint_identity(ckpt_dir, tag),
                   "files": sorted(p.name for p in tmp.iterdir()) + [EXPORT_MARKER]}
         (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        _as_umask_allows(tmp)
         _place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("exported %s (%s) to %s", run_dir, tag, out)
     return out
+
+
+def _as_umask_allows(folder: Path) -> None:
+    """The permissions a plain `mkdir` / `open` would have given: `mkdtemp` makes the folder 0700 and
+    safetensors its file 0600, which would keep an export from the other users of a shared machine."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def _place(tmp: Path, out: Path) -> None:
@@ -300,13 +340,22 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
     except ValueError as err:
         raise DataError(str(err)) from None
     config_file = hf_dir / "config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8"))
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DataError(f"{config_file} cannot be read as JSON ({err}); the checkpoint's config is damaged") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{config_file} holds a JSON {type(config).__name__}, not an object of settings; not a model config")
     if config.get("model_type", "bert") != "bert":
         raise DataError(f"{hf_dir} holds a {config.get('model_type')!r} model, not BERT")
     vocab_file = hf_dir / "vocab.txt"
     if not vocab_file.is_file():
         raise DataError(f"{hf_dir} has no vocab.txt; the fine-tuning tokenizer must use the checkpoint's own vocabulary")
-    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
+    try:
+        tokens = read_vocab_tokens(vocab_file.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{vocab_file} is not UTF-8 text ({err.reason} at byte {err.start}); a vocab.txt holds one "
+                        "token per line in UTF-8") from None
     try:
         check_embedding_rows(len(tokens), int(config.get("vocab_size", len(tokens))), vocab=str(vocab_file),
                              model=f"checkpoint {hf_dir}")
@@ -329,4 +378,4 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
 
 def load_tokenizer(ckpt: Checkpoint):
     """A fast WordPiece tokenizer (HF `tokenizers`) over the checkpoint's vocab, no padding/truncation."""
-    return build_tokenizer(ckpt.vocab_file.read_text(encoding="utf-8"), ckpt.lowercase)
+    return build_tokenizer(ckpt.vocab_file.read_text(encoding="utf-8-sig"), ckpt.lowercase)

@@ -27,6 +27,7 @@ from torch import nn
 
 from model.bert import BertForPreTraining, BertModel
 from model.config import BertConfig
+from model.torch_files import load_torch_file
 from model.heads import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
@@ -74,6 +75,7 @@ _HEAD_MAP = {  # HF (no prefix) -> ours (top level of the head model)
 UNTIED_DECODER = "cls.predictions.decoder.weight"
 _REDUNDANT = re.compile(r"(^|\.)(position_ids|cls\.predictions\.decoder\.(weight|bias))$")
 _LAYER_RE = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
+_OUR_LAYER_RE = re.compile(r"^(?:bert\.)?encoder\.layers\.(\d+)\.")  # an encoder layer's tensors, our names
 
 
 @dataclass
@@ -96,6 +98,8 @@ class LoadReport:
 
 def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
     """An HF `config.json` mapping -> BertConfig, refusing variants this BERT does not implement."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"it holds a JSON {type(hf).__name__}, not an object of settings; not a model config")
     if hf.get("model_type", "bert") != "bert":
         raise ValueError(f"model_type is {hf.get('model_type')!r}; only 'bert' checkpoints can be loaded")
     act = hf.get("hidden_act", "gelu")
@@ -108,6 +112,11 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
              "max_position_embeddings", "type_vocab_size", "hidden_dropout_prob",
              "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range", "pad_token_id")
     fields = {n: hf[n] for n in names if hf.get(n) is not None}
+    for name, value in fields.items():
+        integer = name.endswith(("_size", "_layers", "_heads", "_embeddings", "_id"))
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise ValueError(f"{name} is {value!r}; it must be {'an integer' if integer else 'a number'}")
     fields.update(overrides)
     return BertConfig(**fields)
 
@@ -225,54 +234,6 @@ def ours_to_hf(state: dict[str, torch.Tensor], config: BertConfig, prefix: str =
 # ---------------------------------------------------------------------------------------- files
 
 
-# torch words a refused global as "GLOBAL m.f was not an allowed global" or, for modules it blocks
-# outright (os, subprocess), "unsupported GLOBAL posix.system whose module posix is blocked".
-_UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) (?:was not an allowed global|whose module \S+ is blocked)")
-
-
-def _refusal(path: Path, globals_: list[str]) -> ValueError:
-    return ValueError(
-        f"{path}: refused to load: it references {', '.join(sorted(globals_)[:3])}, which is not a tensor or a plain "
-        f"value (unpickling it could run code); only tensor files are loaded: get this checkpoint as safetensors, "
-        f"or from a source you trust")
-
-
-def load_torch_file(path: str | Path, allowed_globals: tuple[Any, ...] = (), map_location: Any = "cpu") -> Any:
-    """The one `torch.load` of the code base: tensors and plain values only (`weights_only=True`), plus the
-    classes in `allowed_globals`; anything else is refused in one line naming the file and why."""
-    import pickle
-
-    path = Path(path)
-    try:
-        with torch.serialization.safe_globals(list(allowed_globals)):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        names = _UNSAFE_GLOBAL.findall(str(err))
-        if names:
-            raise _refusal(path, names) from None
-        detail = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", str(err), re.S)
-        raise ValueError(f"{path}: refused to load: it is not a file of tensors and plain values "
-                         f"({detail.group(1) if detail else str(err).splitlines()[0][:200]})") from None
-    except (RuntimeError, OSError, EOFError) as err:
-        raise ValueError(f"{path} is truncated or not a PyTorch tensor file ({str(err).splitlines()[0][:200]})") from None
-
-
-def check_torch_file(path: str | Path, allowed_names: frozenset[str] = frozenset()) -> None:
-    """Refuse, as `load_torch_file` would, a file whose pickle names any class or function beyond tensors,
-    plain values and `allowed_names` (`module.Name`), without reading its tensors (cheap on large files)."""
-    path = Path(path)
-    try:
-        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except (ValueError, RuntimeError, OSError, KeyError) as err:
-        if not isinstance(err, ValueError):  # a zip archive cut short
-            raise ValueError(f"{path} is truncated or not a PyTorch tensor file ({str(err).splitlines()[0][:200]})") from None
-        load_torch_file(path, map_location="meta")  # not a zip archive: the legacy format, checked by loading it
-        return
-    unsafe = [name for name in found if name not in allowed_names]
-    if unsafe:
-        raise _refusal(path, unsafe)
-
-
 def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     """The tensors of an HF directory: safetensors (single or sharded) first, else pytorch_model.bin
     (a pickle: read through `load_torch_file`, so a file that would run code is refused)."""
@@ -287,8 +248,10 @@ def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     elif index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"{index} is not a safetensors index (no valid weight_map: {err})") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ValueError(f"{index} is not a safetensors index (weight_map must map tensor names to file names)")
         files = [path / f for f in sorted(set(weight_map.values()))]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -310,8 +273,17 @@ def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 
 def count_vocab(vocab_file: Path) -> int:
-    with open(vocab_file, encoding="utf-8") as f:
-        return sum(1 for _ in f)
+    """Tokens in a vocab.txt by the rule of `pipeline.vocab.read_vocab_tokens` (line i is id i; a BOM,
+    CRLF and trailing empty lines tolerated), restated because model/ imports nothing of ours;
+    tests/model/test_hf_loading.py holds the two to the same counts."""
+    try:
+        lines = vocab_file.read_text(encoding="utf-8-sig").split("\n")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{vocab_file} is not UTF-8 text ({err.reason} at byte {err.start}); "
+                         "a vocab.txt holds one token per line in UTF-8") from None
+    while lines and lines[-1].rstrip("\r") == "":
+        lines.pop()
+    return len(lines)
 
 
 def load_pretrained(model_cls: type[M], path: str | Path, config_overrides: dict[str, Any] | None = None,
@@ -326,10 +298,15 @@ def load_pretrained(model_cls: type[M], path: str | Path, config_overrides: dict
     if not config_file.is_file():
         raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
     try:
-        hf_config = json.loads(config_file.read_text())
+        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{config_file} is not valid JSON ({err.msg})") from None
-    config_from_hf(hf_config)  # refuse unsupported variants before reading any weights
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{config_file} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    try:
+        config_from_hf(hf_config)  # refuse unsupported variants before reading any weights
+    except ValueError as err:
+        raise ValueError(f"{config_file}: {err}") from None
     state, source = read_hf_state(path)
     ours, ignored = hf_to_ours(state, config_from_hf(hf_config))
     report = LoadReport(source=str(path / source), unexpected_keys=ignored)
@@ -394,6 +371,10 @@ def _refuse_lost_weights(report: LoadReport, *, model_has_mlm: bool) -> None:
     encoder tensor missing from the file, or an MLM decoder we cannot tie, would train a different model."""
     encoder = [k for k in report.missing_keys
                if k.startswith(("bert.", "embeddings.", "encoder.")) and ".pooler." not in f".{k}"]
+    beyond = sorted({int(m.group(1)) for k in report.unexpected_keys if (m := _OUR_LAYER_RE.match(k))})
+    if beyond:  # config.json describes fewer layers than the file holds: the model would be cut short
+        raise ValueError(f"{report.source} holds encoder layer(s) {', '.join(map(str, beyond))} beyond what config.json's "
+                         "num_hidden_layers describes; the config does not belong to these weights")
     if encoder:
         raise ValueError(f"{report.source} lacks encoder weights ({', '.join(encoder[:3])}"
                          f"{', ...' if len(encoder) > 3 else ''}): they would start random; use a complete BERT checkpoint")

@@ -140,6 +140,6 @@ def declared_lowercase(model_dir: str | Path) -> bool | None:
         return None
     try:
         value = json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case")
-    except (json.JSONDecodeError, AttributeError) as err:
+    except (ValueError, AttributeError) as err:  # JSONDecodeError, UnicodeDecodeError, a JSON list
         raise ValueError(f"{cfg} is not a JSON object ({err}); fix or delete it") from None
     return value if isinstance(value, bool) else None

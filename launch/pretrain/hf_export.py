@@ -8,7 +8,7 @@ files may go, is decided by `launch.checkpoint_dirs` (`export_run`, `resolve_che
 
 Reading DeepSpeed's `.pt` files: `torch.load(weights_only=True)` with an allow-list of the few
 DeepSpeed classes they hold (`DEEPSPEED_SAFE_GLOBALS`): ours through `load_checkpoint_file`
-(`model.hf.load_torch_file`), DeepSpeed's own loads (which pass `weights_only=False`) inside
+(`model.torch_files.load_torch_file`), DeepSpeed's own loads (which pass `weights_only=False`) inside
 `safe_deepspeed_loads()`, which sets torch's `TORCH_FORCE_WEIGHTS_ONLY_LOAD` switch (read at every
 `torch.load`) for their duration. This module imports DeepSpeed only when it consolidates ZeRO shards.
 """
@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from launch.pretrain.training_log import read_records
-from model.hf import load_torch_file
+from model.torch_files import load_torch_file
 from pipeline.vocab import Vocab
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,10 @@ def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run
     """The HF files of checkpoint `tag` (its metadata `meta`, already read and verified) into `dest`."""
     from model import BertConfig, BertForPreTraining, save_pretrained
 
+    lacking = [k for k in ("config", "bert_config") if not isinstance(meta.get(k), dict)]
+    if lacking:
+        raise ValueError(f"{ckpt_dir / tag / META} lacks {' and '.join(lacking)} (the run's settings and the "
+                         "model's shape); the checkpoint's metadata is damaged")
     vocab_file = ckpt_dir / tag / "vocab.txt"
     vocab = Vocab.read(vocab_file, lowercase=bool(meta.get("corpus", {}).get("lowercase", True)))
     trained = BertConfig(**meta["bert_config"])

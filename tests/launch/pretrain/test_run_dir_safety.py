@@ -144,7 +144,7 @@ def test_a_legacy_pickle_file_and_a_cut_short_file_are_refused_in_one_line(tmp_p
     """The same one path for `torch.save`'s old non-zip format and for a file cut short."""
     import pickle
 
-    from model.hf import check_torch_file, load_torch_file
+    from model.torch_files import check_torch_file, load_torch_file
 
     marker = tmp_path / "PAYLOAD_RAN"
     legacy = tmp_path / "pytorch_model.bin"
@@ -317,7 +317,7 @@ def test_a_pickle_naming_a_blocked_module_is_refused_naming_it(tmp_path):
     names the global and says why, rather than echoing torch's advice to set weights_only=False."""
     import os
 
-    from model.hf import check_torch_file, load_torch_file
+    from model.torch_files import check_torch_file, load_torch_file
 
     path = tmp_path / "optim_states.pt"
     torch.save({"hook": os.system}, path)
@@ -325,3 +325,59 @@ def test_a_pickle_naming_a_blocked_module_is_refused_naming_it(tmp_path):
         with pytest.raises(ValueError, match=rf"optim_states.pt: refused to load: it references {os.system.__module__}.system, "
                                              r"which is not a tensor .*could run code"):
             check(path)
+
+
+def _weights(folder: Path) -> bytes:
+    return (folder / "model.safetensors").read_bytes()
+
+
+def test_the_export_cache_follows_the_checkpoint_it_was_made_from(run, tmp_path):
+    """A run resolves to `RUN/export/<tag>` only while that export is of this very checkpoint: not
+    another tag's export placed under its name, nor the export of a checkpoint since retrained under it."""
+    from launch.checkpoint_dirs import resolve_checkpoint
+
+    out = copy_run(run, tmp_path / "run")
+    fresh = bertpipe("export", out, "--out", tmp_path / "step8")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    cached = out / "export" / "global_step8"
+    done = bertpipe("export", out, "--tag", "global_step4", "--out", cached)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _weights(cached) != _weights(tmp_path / "step8")
+    assert resolve_checkpoint(out) == cached and _weights(cached) == _weights(tmp_path / "step8")  # exported again
+
+    # Retrained under the same tag: its metadata (which records every file's sha256) changes.
+    meta = out / "checkpoints" / "global_step8" / "bertpipe.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "retrained": True}))
+    before = json.loads((cached / "bertpipe_export.json").read_text())["checkpoint_sha256"]
+    assert resolve_checkpoint(out) == cached
+    assert json.loads((cached / "bertpipe_export.json").read_text())["checkpoint_sha256"] != before
+
+
+def test_an_export_is_readable_as_the_umask_allows_and_has_one_writer(run, tmp_path):
+    import stat
+
+    from pipeline.output_lock import OutputLock
+
+    umask = os.umask(0)
+    os.umask(umask)
+    out = tmp_path / "hf"
+    done = bertpipe("export", run, "--out", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask  # mkdtemp's 0700 would hide it from other users
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o666 & ~umask}
+
+    # A second export into the same --out while one is writing is refused, not interleaved.
+    with OutputLock(out, "export", lock_file=tmp_path / ".hf.bertpipe.lock"):
+        done = bertpipe("export", run, "--out", out)
+    assert done.returncode == 2 and f"{out} is being written by `bertpipe export`" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_run_whose_export_cannot_be_written_says_how_to_export_it(run, tmp_path):
+    from launch.checkpoint_dirs import resolve_checkpoint
+
+    out = copy_run(run, tmp_path / "run")
+    (out / "export").write_text("a file of the user's")
+    with pytest.raises(ValueError, match=r"cannot write the export of .* run `bertpipe export .* --out DIR` with a "
+                                         r"writable DIR and pass DIR instead"):
+        resolve_checkpoint(out)
+    assert (out / "export").read_text() == "a file of the user's"
