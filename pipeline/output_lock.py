@@ -56,11 +56,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 class OutputLock:
-    """`with OutputLock(out, "corpus"):` holds `out/.bertpipe.lock` for the duration (re-entrant per pid)."""
+    """`with OutputLock(out, "corpus"):` holds `out/.bertpipe.lock` for the duration (re-entrant per pid).
 
-    def __init__(self, out: str | os.PathLike, command: str):
+    `lock_file`: hold this file instead, for an `out` that must not exist until it is complete (an
+    export is renamed into place whole), e.g. `.NAME.bertpipe.lock` beside it."""
+
+    def __init__(self, out: str | os.PathLike, command: str, lock_file: str | os.PathLike | None = None):
         self.out = Path(out)
-        self.path = self.out / LOCK_NAME
+        self.path = Path(lock_file) if lock_file is not None else self.out / LOCK_NAME
         self.command = command
         self._owned = False
         self._created = False
@@ -73,8 +76,8 @@ class OutputLock:
             raise ValueError(f"--out {self.out} is a file; pass a directory")
         # A directory we create only to hold the lock is removed again if the command leaves it empty
         # (a refused command must not leave an empty output folder behind).
-        self._created = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
+        self._created = not self.path.parent.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
                   "argv": sys.argv[1:], "since": time.strftime("%Y-%m-%d %H:%M:%S"), "heartbeat_s": HEARTBEAT_S,
                   "pid_start": _start_time(os.getpid())}
@@ -143,7 +146,7 @@ class OutputLock:
             self._owned = False
             if self._created:
                 try:
-                    self.out.rmdir()  # only succeeds if empty: nothing but our lock was ever there
+                    self.path.parent.rmdir()  # only succeeds if empty: nothing but our lock was ever there
                 except OSError:
                     pass
 

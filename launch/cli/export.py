@@ -29,9 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging()
     from launch.checkpoint_dirs import export_run
+    from pipeline.output_lock import OutputLock
 
+    # One writer per --out: the lock sits beside it, as the export is renamed into place whole.
+    lock = args.out.parent / f".{args.out.name}.bertpipe.lock"
     try:
-        out = export_run(args.run, args.out, tag=args.tag, overwrite=args.overwrite)
+        with OutputLock(args.out, "export", lock_file=lock):
+            out = export_run(args.run, args.out, tag=args.tag, overwrite=args.overwrite)
     except ValueError as err:
         raise CliError(str(err)) from None
     print(f"exported {args.run} to {out}")

@@ -2,8 +2,8 @@
 
   bertpipe features --checkpoint CKPT --input texts.txt --layers last4-concat --pool mean --out feats
 
-CKPT is a Hugging Face model directory (config.json + model.safetensors + vocab.txt or
-tokenizer.json) or a `bertpipe pretrain` run directory. INPUT is .txt (one text per line) or .jsonl
+CKPT is a Hugging Face model directory (config.json, model.safetensors and the WordPiece vocab.txt)
+or a `bertpipe pretrain` run directory. INPUT is .txt (one text per line) or .jsonl
 (a "text" field per line). --pool cls|mean writes OUT.npy (float32, one row per input line, in
 order); --pool none writes per-token vectors to OUT.parquet (columns row, tokens, features).
 The resolved settings are written to OUT.features.yaml.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -71,31 +72,43 @@ def run(args: argparse.Namespace) -> int:
     out_base = args.out.with_suffix("") if args.out.suffix in (".npy", ".parquet") else args.out
     data_file = out_base.with_name(out_base.name + (".parquet" if cfg.pool == "none" else ".npy"))
     sidecar = out_base.with_name(out_base.name + ".features.yaml")  # the resolved settings; proves we wrote data_file
-    if data_file.exists() and not sidecar.is_file():
-        raise CliError(f"{data_file} exists and `bertpipe features` did not write it (no {sidecar.name} beside it); "
-                       "choose another --out")
-    if sidecar.is_file() and not _our_settings(sidecar, cfg):
+    settings = _our_settings(sidecar, cfg) if sidecar.is_file() else None
+    if sidecar.is_file() and settings is None:
         raise CliError(f"{sidecar} exists and is not a `bertpipe features` settings file; choose another --out")
+    if data_file.exists() and (settings is None or _data_suffix(settings) != data_file.suffix):
+        raise CliError(f"{data_file} exists and `bertpipe features` did not write it (no {sidecar.name} beside it "
+                       "describing it); choose another --out")
     out_base.parent.mkdir(parents=True, exist_ok=True)
+    # The features the old settings describe (ours) are removed before the new settings are written, and the
+    # new ones appear whole (renamed from a partial file): an interrupted run leaves settings without data,
+    # never data the settings misdescribe.
+    if settings is not None and _data_suffix(settings):
+        out_base.with_name(out_base.name + _data_suffix(settings)).unlink(missing_ok=True)
     save_config(cfg, sidecar)
 
     from tqdm import tqdm
 
+    partial = data_file.with_name(f".{data_file.name}.partial")
     start = time.perf_counter()
-    with tqdm(total=len(texts), unit="text", desc="features", disable=None) as bar:
-        write = write_tokens if cfg.pool == "none" else write_pooled
-        out = write(extractor, texts, data_file, bar.update)
+    try:
+        with tqdm(total=len(texts), unit="text", desc="features", disable=None) as bar:
+            write = write_tokens if cfg.pool == "none" else write_pooled
+            write(extractor, texts, partial, bar.update)
+        os.replace(partial, data_file)
+    finally:
+        partial.unlink(missing_ok=True)
     elapsed = time.perf_counter() - start
     if extractor.truncated:
         logger.warning("%d of %d texts were longer than %d word pieces and were truncated",
                        extractor.truncated, len(texts), extractor.max_len)
-    print(f"wrote {out}: {len(texts)} texts, layers={cfg.layers}, pool={cfg.pool}, width={extractor.width}, "
+    print(f"wrote {data_file}: {len(texts)} texts, layers={cfg.layers}, pool={cfg.pool}, width={extractor.width}, "
           f"{len(texts) / max(elapsed, 1e-9):.1f} texts/s")
     return 0
 
 
-def _our_settings(path: Path, cfg) -> bool:
-    """Whether `path` parses as the settings file this command writes (then it may rewrite it)."""
+def _our_settings(path: Path, cfg) -> dict | None:
+    """The settings in `path` when it parses as the settings file this command writes (then it may
+    rewrite it and the data file it describes), else None."""
     import dataclasses
 
     import yaml
@@ -103,6 +116,12 @@ def _our_settings(path: Path, cfg) -> bool:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError):
-        return False
+        return None
     names = {f.name for f in dataclasses.fields(cfg)}
-    return isinstance(data, dict) and "layers" in data and set(data) <= names
+    return data if isinstance(data, dict) and "layers" in data and set(data) <= names else None
+
+
+def _data_suffix(settings: dict) -> str | None:
+    """The data file a settings file describes: per-token Parquet for pool none, else a pooled .npy."""
+    pool = settings.get("pool")
+    return None if pool is None else ".parquet" if pool == "none" else ".npy"

@@ -76,8 +76,12 @@ def read_texts(path: Path, text_field: str = "text") -> list[str]:
     """`.txt`: one text per line (blank lines kept, so rows match lines); `.jsonl`: a `text_field` per line."""
     if not path.is_file():
         raise ValueError(f"input file {path} does not exist")
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"input file {path} is not UTF-8 text ({err.reason} at byte {err.start}); "
+                         "convert it to UTF-8") from None
     if path.suffix == ".jsonl":
         texts = []
         for n, line in enumerate(lines, 1):
@@ -198,7 +202,8 @@ def write_pooled(extractor: FeatureExtractor, texts: list[str], out: Path, progr
         for row, vec in zip(batch.rows, batch.vectors):
             matrix[row] = vec
         progress(len(batch.rows))
-    np.save(out, matrix)
+    with open(out, "wb") as f:  # a file object: np.save would append .npy to a path lacking it
+        np.save(f, matrix)
     return out
 
 

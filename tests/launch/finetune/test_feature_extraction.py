@@ -51,7 +51,7 @@ def test_mean_pooling_of_last_layer_matches_transformers(minilm_dir, hf_minilm, 
     (tmp_path / "mine.npy").write_bytes(b"my data")
     with pytest.raises(SystemExit) as exc:
         cli.main([str(tmp_path / "mine.npy") if a == str(tmp_path / "f") else a for a in argv])
-    assert exc.value.code == 2 and "did not write it (no mine.features.yaml beside it)" in capsys.readouterr().err
+    assert exc.value.code == 2 and "did not write it (no mine.features.yaml beside it" in capsys.readouterr().err
     assert (tmp_path / "mine.npy").read_bytes() == b"my data" and not (tmp_path / "mine.features.yaml").exists()
     # Nor a settings file of the user's under the sidecar's name (the sidecar is what proves ownership).
     (tmp_path / "notes.features.yaml").write_text("my: notes\n")
@@ -127,6 +127,37 @@ def test_user_errors_are_clear(minilm_dir, texts_file, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["features", "--checkpoint", str(ckpt), "--input", str(texts_file), "--out", str(tmp_path / "y")])
     assert "1000 tokens" in capsys.readouterr().err
+
+
+def test_output_is_whole_or_absent_and_only_ours_is_replaced(minilm_dir, texts_file, tmp_path, monkeypatch, capsys):
+    import launch.finetune.feature_extraction as fe
+
+    base = ["features", "--checkpoint", str(minilm_dir), "--input", str(texts_file), "--batch-size", "16"]
+    out = tmp_path / "f"
+    assert cli.main([*base, "--out", str(out), "--layers", "last"]) == 0
+    assert np.load(tmp_path / "f.npy").shape[1] == 384
+
+    # Interrupted mid-write with other settings: the old features go (the settings no longer describe
+    # them) and no part of the new ones appears.
+    real = fe.write_pooled
+
+    def interrupted(extractor, texts, path, progress):
+        real(extractor, texts[:3], path, progress)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fe, "write_pooled", interrupted)
+    assert cli.main([*base, "--out", str(out), "--layers", "last4-concat"]) != 0
+    assert "interrupted" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("f", ".f"))) == ["f.features.yaml"]
+
+    # The settings of a per-token run do not make a user's own OUT.npy ours.
+    assert cli.main([*base, "--out", str(tmp_path / "t"), "--pool", "none"]) == 0
+    np.save(tmp_path / "t.npy", np.zeros((3, 5)))
+    with pytest.raises(SystemExit):
+        cli.main([*base, "--out", str(tmp_path / "t"), "--pool", "mean"])
+    assert "t.npy exists and `bertpipe features` did not write it" in capsys.readouterr().err
+    assert np.load(tmp_path / "t.npy").shape == (3, 5)
 
 
 def test_parse_layers_rows_of_table_7():
