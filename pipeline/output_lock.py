@@ -1,7 +1,8 @@
 """One writer per output directory: an exclusive lock file holding the writer's pid and host; and
 never a write over a file in it that bertpipe did not write (`refuse_others_files`, `mark_output`).
 
-`corpus`, `pretrain`, `finetune` and `sweep` hold `OUT/.bertpipe.lock` while they write `OUT`. A second
+`corpus`, `pretrain`, `finetune` and `sweep` hold `OUT/.bertpipe.lock` while they write `OUT`; `export`,
+whose `OUT` appears whole by a rename, holds `.OUT.bertpipe.lock` beside it. A second
 command on the same `OUT` is refused with a message naming the holder. A lock left by a process that
 died (same host, pid gone, or the pid now another process's: a restarted container reuses pids) is
 taken over with a warning. The holder also refreshes the lock file's modification time every
