@@ -39,6 +39,7 @@ from launch.checkpoint_dirs import (  # noqa: F401 (read_meta, read_latest: the 
 )
 from launch.pretrain.hf_export import FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY, load_checkpoint_file
 from pipeline.atomic_write import write_text_atomic
+from pipeline.manifest import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any], vocab_fil
     dist.barrier()
     final = ckpt_dir / tag
     if rank == 0:
+        # A conversion of an earlier save of this step (a resume fell back past it) describes other weights.
+        shutil.rmtree(ckpt_dir / f"{tag}_universal", ignore_errors=True)
         shutil.copyfile(vocab_file, staging / tag / "vocab.txt")
         # Recorded so that a resume or an export can tell a cut-short or damaged file and fall back.
         meta = {**meta, "files": file_records(staging / tag)}
@@ -149,10 +152,15 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
     """Convert checkpoint `tag` to DeepSpeed's universal format (once; on one rank); returns its tag.
 
     Runs DeepSpeed's own converter in a subprocess so its console output stays out of our log;
-    the output folder appears atomically (converted to a temp name, then renamed). A converted
-    folder found in the run is checked like any checkpoint before it is used.
+    the output folder appears atomically (converted to a temp name, then renamed), with a record of
+    the checkpoint it came from (its metadata's sha256) and of its own files (size, sha256). A
+    converted folder found in the run is used only when both still hold; else it is converted again.
     """
     universal = f"{tag}_universal"
+    stale = _stale_conversion(ckpt_dir, tag, universal) if (ckpt_dir / universal).exists() else None
+    if stale:
+        log.warning("%s is converted again: %s", ckpt_dir / universal, stale)
+        shutil.rmtree(ckpt_dir / universal)
     if not (ckpt_dir / universal).is_dir():
         tmp = ckpt_dir / f".staging-{universal}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -166,9 +174,31 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
                              f"resume with the original number of processes instead")
         for name in (META, "vocab.txt"):
             shutil.copyfile(ckpt_dir / tag / name, tmp / name)
+        record = {"source_meta_sha256": sha256_file(ckpt_dir / tag / META), "files": file_records(tmp)}
+        write_text_atomic(tmp / UNIVERSAL_RECORD, json.dumps(record, indent=2, sort_keys=True))
         os.replace(tmp, ckpt_dir / universal)
     check_tensor_files(ckpt_dir / universal)
     return universal
+
+
+UNIVERSAL_RECORD = "bertpipe_universal.json"  # in a converted folder: its source and its files
+
+
+def _stale_conversion(ckpt_dir: Path, tag: str, universal: str) -> str | None:
+    """Why the converted folder `universal` cannot stand for checkpoint `tag` now, or None."""
+    folder = ckpt_dir / universal
+    try:
+        record = json.loads((folder / UNIVERSAL_RECORD).read_text(encoding="utf-8"))
+        files = [(folder / name, int(r["size"]), str(r["sha256"])) for name, r in record["files"].items()]
+        source = record["source_meta_sha256"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"no valid {UNIVERSAL_RECORD} (an older or interrupted conversion)"
+    if source != sha256_file(ckpt_dir / tag / META):
+        return f"it was converted from an earlier save of {tag}"
+    for path, size, sha256 in files:
+        if not path.is_file() or path.stat().st_size != size or sha256_file(path) != sha256:
+            return f"{path} is missing, cut short or changed since the conversion"
+    return None
 
 
 def load_rng(ckpt_dir: Path, tag: str, rank: int) -> bool:

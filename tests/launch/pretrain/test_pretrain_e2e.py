@@ -144,6 +144,32 @@ def test_sigkill_then_resume_is_bit_exact_and_resume_on_one_process_keeps_the_sa
 
 
 @pytest.mark.slow
+def test_a_universal_conversion_is_reused_only_while_it_matches_its_checkpoint(reference, tmp_path, caplog):
+    from launch.pretrain.checkpoints import convert_to_universal
+
+    ckpt_dir = Path(shutil.copytree(reference[2] / "checkpoints", tmp_path / "checkpoints"))
+    tag = (ckpt_dir / "latest").read_text().strip()
+    universal = ckpt_dir / convert_to_universal(ckpt_dir, tag)
+    converted = {p.name: p.stat().st_mtime_ns for p in universal.rglob("*")}
+    caplog.clear()
+    with caplog.at_level("INFO", logger="launch.pretrain.checkpoints"):
+        assert convert_to_universal(ckpt_dir, tag) == universal.name  # reused as it is
+    assert not caplog.records and {p.name: p.stat().st_mtime_ns for p in universal.rglob("*")} == converted
+
+    # A converted file damaged, then the checkpoint saved again under its tag: converted afresh each time.
+    victim = next(p for p in sorted(universal.rglob("*.pt")) if p.stat().st_size > 0)
+    victim.write_bytes(victim.read_bytes()[:-1])
+    meta = ckpt_dir / tag / "bertpipe.json"
+    for damage, reason in ((lambda: None, "is missing, cut short or changed since the conversion"),
+                           (lambda: meta.write_text(meta.read_text() + " "), f"converted from an earlier save of {tag}")):
+        damage()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="launch.pretrain.checkpoints"):
+            convert_to_universal(ckpt_dir, tag)
+        assert f"{universal} is converted again: " in caplog.text and reason in caplog.text
+
+
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_exits_cleanly(small_corpus, tmp_path):
     out = tmp_path / "preempted"
     cmd = pretrain_cmd(small_corpus, out, 2, 1, "--max-steps", "10000", "--save-every", "0")
