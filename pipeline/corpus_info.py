@@ -8,6 +8,9 @@ of reading the directory again (the manifest used to be read four times per rank
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,9 @@ from pipeline.vocab import Vocab
 
 # What the loader and trainer use; format version 1 always writes them, so no defaults restated.
 REQUIRED_KEYS = ("seq_len", "masked_lm_prob", "max_predictions", "whole_word_mask", "lowercase", "vocab_file",
-                 "vocab_size", "num_instances", "shards")
+                 "vocab_size", "vocab_sha256", "num_instances", "shards")
+SHARD_KEYS = {"path": str, "split": str, "num_instances": int, "sha256": str}
+_OF_N = re.compile(r"-of-(\d+)\.")  # train-00003-of-00016.arrow
 SPLITS = ("train", "heldout")
 
 
@@ -28,6 +33,15 @@ class CorpusInfo:
     manifest_sha256: str  # what a checkpoint records, so a resume can refuse another corpus
     vocab_file: Path
     vocab: Vocab
+
+    @property
+    def data_sha256(self) -> str:
+        """What the shards hold and how they were made, without where (the manifest also records its
+        --out and input paths): a byte-identical rebuild elsewhere has the same one, another corpus not."""
+        m = self.manifest
+        content = {k: m[k] for k in REQUIRED_KEYS if k not in ("vocab_file", "shards")}
+        content["shards"] = sorted((s["path"], s["split"], s["num_instances"], s["sha256"]) for s in m["shards"])
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode("utf-8")).hexdigest()
 
     @property
     def seq_len(self) -> int:
@@ -55,14 +69,11 @@ def open_corpus(corpus_dir: str | Path) -> CorpusInfo:
     missing = [k for k in REQUIRED_KEYS if k not in manifest]
     if missing:
         raise ValueError(f"{corpus_dir / 'manifest.json'} lacks {', '.join(missing)}; rebuild the corpus")
-    bad = sorted({str(s.get("split")) for s in manifest["shards"]} - set(SPLITS))
-    if bad:
-        raise ValueError(f"{corpus_dir / 'manifest.json'} lists shards of split(s) {', '.join(bad)}; "
-                         f"expected {' or '.join(SPLITS)}; rebuild the corpus")
+    _check_shard_list(corpus_dir / "manifest.json", manifest)
     vocab_file = corpus_dir / manifest["vocab_file"]
     if not vocab_file.is_file():
         raise ValueError(f"{vocab_file} is missing; the corpus directory must hold the vocabulary it was built with")
-    if manifest.get("vocab_sha256") and sha256_file(vocab_file) != manifest["vocab_sha256"]:
+    if sha256_file(vocab_file) != manifest["vocab_sha256"]:
         raise ValueError(f"{vocab_file} is not the vocabulary the shards were built with (sha256 differs from "
                          f"manifest.json's vocab_sha256); restore the corpus's own vocab.txt or rebuild the corpus")
     vocab = Vocab.read(vocab_file, lowercase=bool(manifest["lowercase"]))
@@ -70,3 +81,30 @@ def open_corpus(corpus_dir: str | Path) -> CorpusInfo:
         raise ValueError(f"{vocab_file} has {vocab.size} tokens but manifest.json says vocab_size "
                          f"{manifest['vocab_size']}; restore the corpus's own vocab.txt or rebuild the corpus")
     return CorpusInfo(corpus_dir, manifest, sha256_file(corpus_dir / "manifest.json"), vocab_file, vocab)
+
+
+def _check_shard_list(path: Path, manifest: dict[str, Any]) -> None:
+    """Each shard entry complete and typed, and the list whole: the counts agree with `num_instances`
+    and with the `-of-N` in the shard names (an entry edited out would drop its shard silently)."""
+    shards = manifest["shards"]
+    if not isinstance(shards, list) or not shards:
+        raise ValueError(f"{path}: shards must be a non-empty list of shard entries; rebuild the corpus")
+    for i, shard in enumerate(shards):
+        wrong = [k for k, kind in SHARD_KEYS.items()
+                 if not isinstance(shard, dict) or not isinstance(shard.get(k), kind) or isinstance(shard.get(k), bool)]
+        if wrong:
+            raise ValueError(f"{path}: shard entry {i} lacks a valid {', '.join(wrong)}; rebuild the corpus")
+    bad = sorted({s["split"] for s in shards} - set(SPLITS))
+    if bad:
+        raise ValueError(f"{path} lists shards of split(s) {', '.join(bad)}; expected {' or '.join(SPLITS)}; "
+                         "rebuild the corpus")
+    total = sum(s["num_instances"] for s in shards)
+    if total != manifest["num_instances"]:
+        raise ValueError(f"{path}: its shards hold {total} instances but num_instances says "
+                         f"{manifest['num_instances']}; a shard entry was removed or changed, rebuild the corpus")
+    for split in SPLITS:
+        named = {int(m.group(1)) for s in shards if s["split"] == split and (m := _OF_N.search(s["path"]))}
+        listed = sum(1 for s in shards if s["split"] == split)
+        if len(named) == 1 and named != {listed}:
+            raise ValueError(f"{path} lists {listed} {split} shard(s) whose names say {named.pop()}; a shard entry "
+                             "was removed or added by hand, rebuild the corpus")

@@ -8,17 +8,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.manifest import read_manifest, verify_shards
+from pipeline.corpus_info import open_corpus
+from pipeline.manifest import verify_shards
 
 
 def read_shard(path: str | Path) -> pa.Table:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"shard {path} listed in the manifest is missing; the corpus is incomplete, rebuild it")
-    if path.suffix == ".parquet":
-        return pq.read_table(path)
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_file(source).read_all()
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"shard {path} cannot be read ({err}); it is damaged: restore it or rebuild the corpus "
+                         "(`corpus inspect --verify` checks every shard)") from None
 
 
 def decode_instance(row: dict, vocab: list[str]) -> str:
@@ -36,14 +41,13 @@ def decode_instance(row: dict, vocab: list[str]) -> str:
 
 def summary(corpus_dir: str | Path, num_examples: int = 3, verify: bool = False) -> str:
     """The text `bertpipe corpus inspect` prints; `verify` first checks every shard's sha256."""
-    corpus_dir = Path(corpus_dir)
-    manifest = read_manifest(corpus_dir)
+    corpus = open_corpus(corpus_dir)  # the checks every reader of a corpus makes, the vocabulary's included
+    corpus_dir, manifest, vocab = corpus.dir, corpus.manifest, list(corpus.vocab.tokens)
     if verify:
         verify_shards(corpus_dir, manifest)
-    vocab = (corpus_dir / manifest["vocab_file"]).read_text(encoding="utf-8-sig").split("\n")
     lines = [
         f"corpus {corpus_dir}",
-        f"  seq_len {manifest['seq_len']}  dupe_factor {manifest['dupe_factor']}  seed {manifest['seed']}  "
+        f"  seq_len {manifest['seq_len']}  dupe_factor {manifest.get('dupe_factor', '?')}  seed {manifest.get('seed', '?')}  "
         f"masked_lm_prob {manifest['masked_lm_prob']}  max_predictions {manifest['max_predictions']}  "
         f"whole_word_mask {manifest['whole_word_mask']}  lowercase {manifest['lowercase']}",
         f"  vocab {manifest['vocab_size']} tokens (sha256 {manifest['vocab_sha256'][:12]}...)",
@@ -54,9 +58,12 @@ def summary(corpus_dir: str | Path, num_examples: int = 3, verify: bool = False)
     ]
     for shard in manifest["shards"]:
         lines.append(f"  {shard['path']:<32} {shard['split']:<8} {shard['num_instances']:>10}  {shard['sha256'][:16]}")
-    lines += ["", "  counters:"]
-    width = max((len(k) for k in manifest["counters"]), default=10)
-    lines += [f"    {k:<{width}}  {v:>12,}" for k, v in manifest["counters"].items()]
+    counters = manifest.get("counters")
+    counters = counters if isinstance(counters, dict) else {}
+    lines += ["", "  counters:" + ("" if counters else " (none recorded)")]
+    width = max((len(k) for k in counters), default=10)
+    lines += [f"    {k:<{width}}  {v:>12,}" if isinstance(v, int) else f"    {k:<{width}}  {v!r:>12}"
+              for k, v in counters.items()]
     train = [s for s in manifest["shards"] if s["split"] == "train" and s["num_instances"]]
     if train and num_examples > 0:
         table = read_shard(corpus_dir / train[0]["path"])

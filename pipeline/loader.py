@@ -71,11 +71,16 @@ class ShardedSplit:
                 raise ValueError(f"{path}: the loader reads Arrow IPC shards; rebuild the corpus with --shard-format arrow")
             if not path.is_file():
                 raise ValueError(f"{path} is listed in {self.dir / 'manifest.json'} but missing; rebuild or re-copy the corpus")
-            mm = pa.memory_map(str(path), "r")
-            self._maps.append(mm)
-            reader = pa.ipc.open_file(mm)
-            for i in range(reader.num_record_batches):
-                self._blocks.append(_block(reader.get_batch(i), path))
+            try:
+                mm = pa.memory_map(str(path), "r")
+                self._maps.append(mm)
+                reader = pa.ipc.open_file(mm)
+                batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            except (pa.ArrowException, OSError) as err:
+                raise ValueError(f"shard {path} cannot be read ({err}); it is damaged: restore it or rebuild the "
+                                 "corpus (`bertpipe corpus inspect --verify` checks every shard)") from None
+            for batch in batches:
+                self._blocks.append(_block(batch, path))
         self._starts = np.cumsum([0] + [b.size for b in self._blocks])  # [num_blocks + 1]
 
     def __len__(self) -> int:

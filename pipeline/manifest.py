@@ -19,7 +19,8 @@ FORMAT_VERSION = 1
 
 
 def read_manifest(corpus_dir: str | Path) -> dict[str, Any]:
-    """The manifest of a corpus written by `bertpipe corpus --out DIR`; a clear error for anything else."""
+    """The manifest of a corpus written by `bertpipe corpus --out DIR`; a clear error for anything else.
+    Its fields are checked by `pipeline.corpus_info.open_corpus`, which every reader goes through."""
     path = Path(corpus_dir) / "manifest.json"
     if not path.is_file():
         raise ValueError(f"{corpus_dir} has no manifest.json; pass a directory written by `bertpipe corpus --out`")
@@ -27,7 +28,9 @@ def read_manifest(corpus_dir: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is not valid JSON ({err}); the corpus is damaged or unfinished, rebuild it") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} holds a JSON {type(manifest).__name__}, not a bertpipe corpus manifest; rebuild the corpus")
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path} is not a bertpipe corpus manifest (format {manifest.get('format')!r}, version "
                          f"{manifest.get('format_version')!r}; expected {FORMAT!r} version {FORMAT_VERSION}); "
                          "rebuild the corpus")

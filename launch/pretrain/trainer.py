@@ -233,9 +233,14 @@ class Trainer:
             # from here on follows the new curve, not the one the checkpoint was trained on.
             log.warning("schedule differs from the checkpoint's (%s there, %s now): from step %d the lr follows "
                         "the new schedule", meta["config"].get("schedule"), mine["schedule"], meta["step"])
-        if meta["manifest_sha256"] != self.corpus.manifest_sha256:
-            raise ValueError(f"--data {self.data_dir} is not the corpus this run was trained on (manifest sha256 "
-                             f"differs); pass the original corpus directory")
+        # The corpus's content (shards, vocabulary, masking settings), not its manifest's bytes, which
+        # also hold the paths it was built from and to; checkpoints before the content hash have only those.
+        same = (meta["corpus_data_sha256"] == self.corpus.data_sha256 if "corpus_data_sha256" in meta
+                else meta["manifest_sha256"] == self.corpus.manifest_sha256)
+        if not same:
+            raise ValueError(f"--data {self.data_dir} is not the corpus this run was trained on "
+                             f"({meta.get('corpus', {}).get('path', '?')}: its shards, vocabulary or masking settings "
+                             f"differ); pass that corpus, or a byte-identical rebuild of it")
         meta["tag"] = tag
         if meta["world_size"] != self.world:
             log.info("checkpoint %s was written by %d process(es); continuing on %d at the same global sample position",
@@ -427,6 +432,7 @@ class Trainer:
             "world_size": self.world,
             "nonfinite_total": self.nonfinite_total,
             "manifest_sha256": self.manifest_sha256,
+            "corpus_data_sha256": self.corpus.data_sha256,
             "config": to_dict(self.cfg),
             "bert_config": to_dict(self.bert_config),
             "zero_stage": self.cfg.zero.stage,

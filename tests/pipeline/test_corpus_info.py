@@ -58,3 +58,43 @@ def test_bad_corpus_directories_are_refused_with_the_fix(corpus_copy):
     (corpus_copy / "vocab.txt").unlink()
     with pytest.raises(ValueError, match="vocab.txt is missing"):
         open_corpus(corpus_copy)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.__setitem__("shards", m["shards"][1:]), "its shards hold .* instances but num_instances says"),
+    (lambda m: m["shards"][0].pop("path"), "shard entry 0 lacks a valid path"),
+    (lambda m: m["shards"][1].__setitem__("num_instances", "many"), "shard entry 1 lacks a valid num_instances"),
+    (lambda m: m.__setitem__("shards", {"a": 1}), "shards must be a non-empty list"),
+    (lambda m: m.pop("vocab_sha256"), "lacks vocab_sha256"),
+])
+def test_a_hand_edited_shard_list_is_refused_not_half_read(corpus_copy, edit, message):
+    """An entry edited out of the manifest would drop its shard from training without a word."""
+    m = json.loads((corpus_copy / "manifest.json").read_text())
+    edit(m)
+    (corpus_copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=message):
+        open_corpus(corpus_copy)
+
+
+def test_a_shard_list_that_lost_an_empty_shard_is_refused(corpus_copy):
+    m = json.loads((corpus_copy / "manifest.json").read_text())
+    train = [s for s in m["shards"] if s["split"] == "train"]
+    m["shards"] = [s for s in m["shards"] if s is not train[-1]]
+    m["num_instances"] -= train[-1]["num_instances"]  # as if it had held none: the count alone cannot tell
+    (corpus_copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=f"lists {len(train) - 1} train shard\\(s\\) whose names say {len(train)}"):
+        open_corpus(corpus_copy)
+
+
+def test_a_manifest_that_is_not_an_object_and_an_unreadable_shard_are_named(corpus_copy):
+    (corpus_copy / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="manifest.json holds a JSON list, not a bertpipe corpus manifest"):
+        open_corpus(corpus_copy)
+
+
+def test_a_cut_short_shard_is_named_by_the_loader(small_corpus, tmp_path):
+    out = shutil.copytree(small_corpus, tmp_path / "c")
+    shard = sorted(out.glob("train-*.arrow"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(ValueError, match=f"shard {shard} cannot be read .*restore it or rebuild the corpus"):
+        ShardedSplit(out, "train")

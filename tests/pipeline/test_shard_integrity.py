@@ -57,3 +57,21 @@ def test_garbage_manifest_names_its_file(tmp_path, small_corpus, capsys):
     (corpus / "manifest.json").write_text("{not json")
     err = _refused(["corpus", "inspect", str(corpus)], capsys)
     assert f"{corpus / 'manifest.json'} is not valid JSON" in err
+
+
+def test_inspect_reads_the_corpus_as_pretrain_does(tmp_path, small_corpus, capsys):
+    """`inspect` decodes with the corpus's own vocabulary only after checking it, and names a shard it
+    cannot read even without --verify."""
+    corpus = tmp_path / "c"
+    shutil.copytree(small_corpus, corpus)
+    tokens = (corpus / "vocab.txt").read_text().split("\n")
+    i, j = tokens.index("the"), tokens.index("of")
+    tokens[i], tokens[j] = tokens[j], tokens[i]  # decodes "wrongly" without a word if unchecked
+    (corpus / "vocab.txt").write_text("\n".join(tokens))
+    err = _refused(["corpus", "inspect", str(corpus)], capsys)
+    assert f"{corpus / 'vocab.txt'} is not the vocabulary the shards were built with" in err
+    shutil.copyfile(small_corpus / "vocab.txt", corpus / "vocab.txt")
+    first = sorted(corpus.glob("train-*.arrow"))[0]
+    first.write_bytes(first.read_bytes()[:1000])
+    err = _refused(["corpus", "inspect", str(corpus)], capsys)
+    assert f"shard {first} cannot be read" in err and err.count("\n") == 1

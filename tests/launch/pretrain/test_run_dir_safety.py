@@ -381,3 +381,19 @@ def test_a_run_whose_export_cannot_be_written_says_how_to_export_it(run, tmp_pat
                                          r"writable DIR and pass DIR instead"):
         resolve_checkpoint(out)
     assert (out / "export").read_text() == "a file of the user's"
+
+
+def test_resume_takes_a_rebuild_of_its_corpus_elsewhere_and_refuses_another_corpus(run, small_corpus, tmp_path):
+    out = copy_run(run, tmp_path / "run")
+    moved = Path(shutil.copytree(small_corpus, tmp_path / "moved"))
+    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest["config"]["out"] = str(moved)  # all a byte-identical rebuild into another --out changes
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    done = bertpipe("pretrain", "--data", moved, "--out", out, "--nproc", "2", *TRAIN, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    manifest["masked_lm_prob"] = 0.2  # another corpus: made with other settings
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    done = bertpipe("pretrain", "--data", moved, "--out", out, "--nproc", "2", *TRAIN, "--resume")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"--data {moved} is not the corpus this run was trained on ({small_corpus}:" in done.stderr
