@@ -238,8 +238,8 @@ def check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:
         raise ValueError(f"--out {out} is a file; name a directory")
     if out.is_dir() and any(out.iterdir()) and not is_export_of(out, run_dir) and not overwrite:
         raise ValueError(f"--out {out} is not empty and holds no export of {run_dir}; choose a new or empty "
-                         f"directory, or add --overwrite to write the export's files into it (nothing else "
-                         f"there is deleted)")
+                         f"directory, or add --overwrite to write the export's files into it (those of the same "
+                         f"names are replaced; nothing else there is deleted)")
 
 
 def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, overwrite: bool = False,
@@ -305,6 +305,10 @@ def _place(tmp: Path, out: Path) -> None:
     except (OSError, ValueError, AttributeError):
         previous = []
     new = sorted(p.name for p in tmp.iterdir())
+    foreign = [n for n in new if (out / n).exists() and n not in previous]  # `--overwrite`: named, not silent
+    if foreign:
+        logger.warning("%s: replacing %d file(s) bertpipe did not write with the export's: %s", out, len(foreign),
+                       ", ".join(foreign))
     for name in [n for n in new if n != EXPORT_MARKER] + [EXPORT_MARKER]:
         os.replace(tmp / name, out / name)
     for name in set(previous) - set(new):

@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True,
                         help="HF model directory to write: new, empty, or an earlier export of this run")
     parser.add_argument("--overwrite", action="store_true",
-                        help="write into a non-empty --out that is not an earlier export of this run (only the "
-                             "export's files are replaced; nothing else there is deleted)")
+                        help="write into a non-empty --out that is not an earlier export of this run (files named "
+                             "like the export's are replaced, and listed; nothing else there is deleted)")
     parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. global_step1000 (default: the newest verified one)")
 
 

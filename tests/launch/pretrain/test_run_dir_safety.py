@@ -285,6 +285,7 @@ def test_export_out_never_writes_over_what_bertpipe_did_not_write(run, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (foreign / "metrics.json").read_text() == "{}" and (foreign / "model.safetensors").is_file()
     assert "bertpipe did not write, left as they are: metrics.json" in done.stderr
+    assert "replacing 1 file(s) bertpipe did not write with the export's: config.json" in done.stderr
     # An earlier export of the same run is replaced without --overwrite.
     assert bertpipe("export", out, "--out", foreign).returncode == 0
 
