@@ -80,7 +80,13 @@ class ShardedSplit:
                 raise ValueError(f"shard {path} cannot be read ({err}); it is damaged: restore it or rebuild the "
                                  "corpus (`bertpipe corpus inspect --verify` checks every shard)") from None
             for batch in batches:
-                self._blocks.append(_block(batch, path))
+                block = _block(batch, path)
+                longest = int(np.diff(block.lists["input_ids"][0]).max(initial=0))
+                if longest > self.corpus.seq_len:  # the model's positions are sized from the manifest's
+                    raise ValueError(f"{path} holds an instance of {longest} tokens, more than manifest.json's seq_len "
+                                     f"{self.corpus.seq_len}; the manifest was edited or the shard is another "
+                                     "corpus's: rebuild the corpus")
+                self._blocks.append(block)
         self._starts = np.cumsum([0] + [b.size for b in self._blocks])  # [num_blocks + 1]
 
     def __len__(self) -> int:

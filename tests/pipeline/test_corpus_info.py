@@ -98,3 +98,10 @@ def test_a_cut_short_shard_is_named_by_the_loader(small_corpus, tmp_path):
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     with pytest.raises(ValueError, match=f"shard {shard} cannot be read .*restore it or rebuild the corpus"):
         ShardedSplit(out, "train")
+
+
+def test_shards_longer_than_the_manifest_says_are_refused_by_the_loader(corpus_copy):
+    _edit_manifest(corpus_copy, seq_len=32)  # the shards hold seq-64 instances
+    with pytest.raises(ValueError, match=r"train-00000-of-00002.arrow holds an instance of \d+ tokens, more than "
+                                         r"manifest.json's seq_len 32"):
+        ShardedSplit(corpus_copy, "train")

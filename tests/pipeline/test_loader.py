@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -25,7 +26,8 @@ def write_corpus(root: Path, sizes: dict[str, list[int]], seed: int = 0) -> Path
     """A corpus directory per the ARCHITECTURE.md contract; sample k's first token after [CLS] encodes k."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "vocab.txt").write_text("\n".join(VOCAB_TOKENS) + "\n")
+    vocab_text = "\n".join(VOCAB_TOKENS) + "\n"
+    (root / "vocab.txt").write_text(vocab_text)
     shards, counter = [], 0
     for split, shard_sizes in sizes.items():
         for s, size in enumerate(shard_sizes):
@@ -53,7 +55,8 @@ def write_corpus(root: Path, sizes: dict[str, list[int]], seed: int = 0) -> Path
                     writer.write_batch(batch)
             shards.append({"path": name, "split": split, "num_instances": size, "sha256": "0"})
     manifest = {"format": "bertpipe-corpus", "format_version": 1, "seed": 1, "seq_len": 20, "vocab_file": "vocab.txt",
-                "vocab_size": len(VOCAB_TOKENS), "masked_lm_prob": 0.15, "max_predictions": 3,
+                "vocab_size": len(VOCAB_TOKENS), "vocab_sha256": hashlib.sha256(vocab_text.encode()).hexdigest(),
+                "masked_lm_prob": 0.15, "max_predictions": 3,
                 "whole_word_mask": False, "num_instances": counter, "shards": shards, "lowercase": True}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
