@@ -70,20 +70,21 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{args.input} contains no texts")
 
     out_base = args.out.with_suffix("") if args.out.suffix in (".npy", ".parquet") else args.out
-    data_file = out_base.with_name(out_base.name + (".parquet" if cfg.pool == "none" else ".npy"))
+    data_file = out_base.with_name(out_base.name + _data_suffix(cfg.pool))
     sidecar = out_base.with_name(out_base.name + ".features.yaml")  # the resolved settings; proves we wrote data_file
     settings = _our_settings(sidecar, cfg) if sidecar.is_file() else None
     if sidecar.is_file() and settings is None:
         raise CliError(f"{sidecar} exists and is not a `bertpipe features` settings file; choose another --out")
-    if data_file.exists() and (settings is None or _data_suffix(settings) != data_file.suffix):
+    described = _data_suffix(settings.get("pool")) if settings is not None else None  # the output they license
+    if data_file.exists() and described != data_file.suffix:
         raise CliError(f"{data_file} exists and `bertpipe features` did not write it (no {sidecar.name} beside it "
                        "describing it); choose another --out")
     out_base.parent.mkdir(parents=True, exist_ok=True)
     # The features the old settings describe (ours) are removed before the new settings are written, and the
     # new ones appear whole (renamed from a partial file): an interrupted run leaves settings without data,
     # never data the settings misdescribe.
-    if settings is not None and _data_suffix(settings):
-        out_base.with_name(out_base.name + _data_suffix(settings)).unlink(missing_ok=True)
+    if described:
+        out_base.with_name(out_base.name + described).unlink(missing_ok=True)
     save_config(cfg, sidecar)
 
     from tqdm import tqdm
@@ -121,7 +122,6 @@ def _our_settings(path: Path, cfg) -> dict | None:
     return data if isinstance(data, dict) and "layers" in data and set(data) <= names else None
 
 
-def _data_suffix(settings: dict) -> str | None:
-    """The data file a settings file describes: per-token Parquet for pool none, else a pooled .npy."""
-    pool = settings.get("pool")
+def _data_suffix(pool: str | None) -> str | None:
+    """The data file of a `pool` setting: per-token Parquet for none, else a pooled .npy (None: no setting)."""
     return None if pool is None else ".parquet" if pool == "none" else ".npy"

@@ -159,8 +159,12 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
     universal = f"{tag}_universal"
     stale = _stale_conversion(ckpt_dir, tag, universal) if (ckpt_dir / universal).exists() else None
     if stale:
-        log.warning("%s is converted again: %s", ckpt_dir / universal, stale)
-        shutil.rmtree(ckpt_dir / universal)
+        folder = ckpt_dir / universal
+        if folder.is_symlink() or not folder.is_dir():  # not a conversion of ours: never deleted
+            raise ValueError(f"{folder} is not a folder bertpipe converted (a file or a link); move it away and "
+                             "resume again")
+        log.warning("%s is converted again: %s", folder, stale)
+        shutil.rmtree(folder)
     if not (ckpt_dir / universal).is_dir():
         tmp = ckpt_dir / f".staging-{universal}"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -79,3 +79,17 @@ def test_a_file_that_could_run_code_is_refused_not_passed_over(ckpt_dir):
     (ckpt_dir / "global_step6" / META).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=rf"{rng}: refused to load: it references shutil.rmtree"):
         select_checkpoint(ckpt_dir)
+
+
+def test_a_universal_name_that_is_not_our_conversion_is_never_deleted(tmp_path):
+    from launch.pretrain.checkpoints import convert_to_universal
+
+    (tmp_path / "global_step4").mkdir()
+    (tmp_path / "global_step4" / META).write_text(json.dumps({"step": 4}))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("keep")
+    (tmp_path / "global_step4_universal").symlink_to(mine)
+    with pytest.raises(ValueError, match="global_step4_universal is not a folder bertpipe converted"):
+        convert_to_universal(tmp_path, "global_step4")
+    assert (mine / "keep.txt").read_text() == "keep"
