@@ -42,11 +42,20 @@ def regression_metrics(labels: Sequence[float], preds: Sequence[float]) -> dict[
     return {"pearson": pearson, "spearmanr": spearman, "mse": float(np.mean((y - p) ** 2))}
 
 
+# seqeval's default (conlleval) mode reads B/I/E/S but not BILOU's L/U: it would merge `U-PER U-PER` into one
+# entity. L- and U- mean what E- and S- mean, so they are renamed before scoring.
+_BILOU_AS_IOBES = {"L-": "E-", "U-": "S-"}
+
+
+def _seqeval_tags(seqs: Sequence[Sequence[str]]) -> list[list[str]]:
+    return [[_BILOU_AS_IOBES.get(t[:2], t[:2]) + t[2:] if len(t) > 2 else t for t in s] for s in seqs]
+
+
 def tagging_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, float]:
     """Entity-level precision/recall/F1 (conlleval semantics, via seqeval) plus token accuracy."""
     from seqeval.metrics import accuracy_score, f1_score, precision_score, recall_score
 
-    g, p = [list(s) for s in gold], [list(s) for s in pred]
+    g, p = _seqeval_tags(gold), _seqeval_tags(pred)
     return {
         "f1": float(f1_score(g, p, zero_division=0)),
         "precision": float(precision_score(g, p, zero_division=0)),
@@ -58,7 +67,7 @@ def tagging_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]
 def tagging_report(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> str:
     from seqeval.metrics import classification_report
 
-    return classification_report([list(s) for s in gold], [list(s) for s in pred], digits=4, zero_division=0)
+    return classification_report(_seqeval_tags(gold), _seqeval_tags(pred), digits=4, zero_division=0)
 
 
 def confusion(labels: Sequence[int], preds: Sequence[int], num_labels: int) -> np.ndarray:

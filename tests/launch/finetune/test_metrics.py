@@ -52,6 +52,17 @@ def test_entity_level_ner_f1():
     assert m["accuracy"] == pytest.approx(5 / 7)
 
 
+def test_bilou_tags_are_scored_as_their_own_entities():
+    # seqeval's default mode does not know L-/U-: it merged the two U-PER into one entity and B-LOC L-LOC U-LOC
+    # into one LOC, scoring 3 of 4 found entities as P = R = 0.5.
+    gold = [["U-PER", "U-PER", "O", "B-LOC", "L-LOC", "U-LOC"]]
+    pred = [["U-PER", "U-PER", "O", "B-LOC", "L-LOC", "O"]]
+    m = metrics.tagging_metrics(gold, pred)
+    assert m["precision"] == pytest.approx(1.0) and m["recall"] == pytest.approx(0.75)
+    assert m["f1"] == pytest.approx(2 * 0.75 / 1.75)
+    assert "PER" in metrics.tagging_report(gold, pred)
+
+
 @pytest.mark.parametrize(
     "raw, normalized",
     [
