@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,11 +69,16 @@ class QAExample:
 
 @dataclass
 class SkipCounter:
-    """Counts lines skipped as malformed (when the user allowed it), keeping a few locations to report."""
+    """Counts lines skipped as malformed (when the user allowed it), keeping a few locations to report.
+
+    One counter may serve several files (a task's train, dev and test): `count` is the total, and each
+    `log` reports only the skips since the previous one, so a file is never charged with another's lines.
+    """
 
     allow: bool = False
     count: int = 0
-    where: list[str] = field(default_factory=list)
+    where: list[str] = field(default_factory=list)  # a few locations among the skips not yet logged
+    logged: int = 0  # skips already reported by `log`
 
     def malformed(self, path: Path, line: int, why: str) -> None:
         if not self.allow:
@@ -82,8 +88,19 @@ class SkipCounter:
             self.where.append(f"{path.name}:{line} ({why})")
 
     def log(self, what: str) -> None:
-        if self.count:
-            logger.warning("%s: skipped %d malformed line(s), e.g. %s", what, self.count, "; ".join(self.where))
+        if self.count > self.logged:
+            logger.warning("%s: skipped %d malformed line(s), e.g. %s", what, self.count - self.logged,
+                           "; ".join(self.where))
+        self.logged = self.count
+        self.where = []
+
+
+def finite_score(raw) -> float:
+    """A regression target: a number, and finite (one NaN or inf makes the loss NaN and every correlation NaN)."""
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError(f"{raw!r} is not finite")
+    return value
 
 
 def require_file(path: Path, what: str) -> Path:
@@ -142,7 +159,7 @@ def text_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line) of a text file; a byte that is not UTF-8 stops the run naming the file."""
     line_no = 0
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of the first line
             for line_no, line in enumerate(f, 1):
                 yield line_no, line
     except UnicodeDecodeError as err:

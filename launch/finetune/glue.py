@@ -18,6 +18,7 @@ from launch.finetune.examples import (
     SkipCounter,
     TextExample,
     column_index,
+    finite_score,
     read_delimited,
     require_file,
 )
@@ -106,9 +107,9 @@ def read_glue_file(spec: GlueSpec, path: Path, *, labelled: bool, skips: SkipCou
             raw = fields[il].strip()
             if spec.labels is None:
                 try:
-                    label = float(raw)
+                    label = finite_score(raw)
                 except ValueError:
-                    skips.malformed(path, line, f"score {raw!r} is not a number")
+                    skips.malformed(path, line, f"score {raw!r} is not a finite number")
                     continue
             elif raw not in spec.labels:
                 raise DataError(f"{path}:{line}: unknown label {raw!r}; {spec.dir_name} labels are {list(spec.labels)}")

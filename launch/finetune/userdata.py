@@ -21,6 +21,7 @@ from launch.finetune.examples import (
     TaggedExample,
     TextExample,
     column_index,
+    finite_score,
     read_delimited,
     text_lines,
 )
@@ -104,9 +105,9 @@ def read_text_split(
             raw = row[cols.label]
             if regression:
                 try:
-                    label = float(raw)
+                    label = finite_score(raw)
                 except (TypeError, ValueError):
-                    skips.malformed(path, line, f"label {raw!r} is not a number (regress needs numeric labels)")
+                    skips.malformed(path, line, f"label {raw!r} is not a finite number (regress needs numeric labels)")
                     continue
             else:
                 label = str(raw).strip()

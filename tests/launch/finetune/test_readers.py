@@ -164,11 +164,49 @@ def test_conll_and_swag_bad_lines():
 def test_user_regress_needs_numbers(tmp_path):
     (tmp_path / "train.tsv").write_text("text\tscore\nfine\t1.5\nbad\tnot-a-number\n")
     (tmp_path / "dev.tsv").write_text("text\tscore\nok\t2\n")
-    with pytest.raises(DataError, match=r"train.tsv:3: label 'not-a-number' is not a number"):
+    with pytest.raises(DataError, match=r"train.tsv:3: label 'not-a-number' is not a finite number"):
         load("regress", tmp_path, label_column="score")
     rows = userdata.read_text_split(tmp_path / "dev.tsv", userdata.Columns(label="score"), labelled=True,
                                     regression=True, skips=SkipCounter())
     assert rows[0][1].label == 2.0
+
+
+@pytest.mark.parametrize("json_value, raw", [("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-Infinity"),
+                                             ('"nan"', "NaN")])
+def test_a_score_that_is_not_finite_is_malformed_not_read(tmp_path, json_value, raw):
+    # float() reads these; one of them made the training loss and every dev correlation NaN, without a word
+    (tmp_path / "train.jsonl").write_text(f'{{"text": "fine", "score": 1.5}}\n{{"text": "odd", "score": {json_value}}}\n')
+    (tmp_path / "dev.jsonl").write_text('{"text": "ok", "score": 2}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:2: label .* is not a finite number"):
+        load("regress", tmp_path, label_column="score")
+    assert [ex.label for ex in load("regress", tmp_path, label_column="score", skip_malformed=True).train] == [1.5]
+    sts = tmp_path / "STS-B"
+    sts.mkdir()
+    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    (sts / "train.tsv").write_text(head + f"0\tg\tf\ty\t0\ts\ts\tA man.\tA man.\t{raw}\n"
+                                   + "1\tg\tf\ty\t1\ts\ts\tA dog.\tA cat.\t1.0\n")
+    with pytest.raises(DataError, match=r"train.tsv:2: score .* is not a finite number"):
+        glue.read_glue_file(glue.GLUE_TASKS["stsb"], sts / "train.tsv", labelled=True, skips=SkipCounter())
+
+
+def test_a_byte_order_mark_does_not_make_docstart_a_sentence(tmp_path):
+    conll_file = tmp_path / "train.txt"
+    conll_file.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n", encoding="utf-8-sig")
+    examples = conll.read_conll(conll_file)
+    assert [ex.words for ex in examples] == [("EU", "rejects")]
+
+
+def test_skips_are_logged_against_the_file_that_had_them(tmp_path, caplog):
+    # One counter serves train and dev; a clean dev file was reported with train's skipped line.
+    bad = FIXTURES / "broken" / "conll_bad" / "train.txt"
+    good = tmp_path / "dev.txt"
+    good.write_text("EU NNP B-NP B-ORG\n")
+    skips = SkipCounter(allow=True)
+    with caplog.at_level("WARNING"):
+        conll.read_conll(bad, skips=skips)
+        conll.read_conll(good, skips=skips)
+    warned = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"{bad}: skipped 1 ") and skips.count == 1
 
 
 def test_user_tsv_stray_quote_is_text_and_csv_one_names_its_first_line(tmp_path, caplog):
