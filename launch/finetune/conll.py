@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.finetune.examples import DataError, SkipCounter, TaggedExample, text_lines
+from launch.finetune.examples import DataError, SkipCounter, TaggedExample, in_documents, text_lines
 
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 FILES = {
@@ -63,4 +63,4 @@ def read_conll(path: Path, *, skips: SkipCounter | None = None) -> list[TaggedEx
         tags.append(fields[3])
     flush()
     skips.log(str(path))
-    return examples
+    return in_documents(examples)

@@ -77,20 +77,14 @@ def tag_features(
     """Label the first sub-token of each word; others carry IGNORE (the paper's NER setup).
 
     A sentence longer than the window is split into consecutive chunks of whole words, so every
-    word gets a prediction. With `doc_context`, the rest of the window is filled with the
-    neighbouring sentences of the same document (unlabelled), the paper's "maximal document context".
+    word gets a prediction. With `doc_context`, the rest of the window is filled with the text around
+    the chunk (unlabelled), the paper's "maximal document context": the sentence's own words beside the
+    chunk, then the neighbouring sentences of its document (`TaggedExample.doc`, set by `in_documents`).
     """
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    encodings = tokenizer.encode_batch([list(ex.words) for ex in examples], is_pretokenized=True, add_special_tokens=False)
-    unk = tokenizer.token_to_id("[UNK]")
-    # Per sentence: sub-token ids per word (a word the vocab cannot split still gets one [UNK]).
-    per_word: list[list[list[int]]] = []
-    for ex, enc in zip(examples, encodings):
-        words: list[list[int]] = [[] for _ in ex.words]
-        for tid, wid in zip(enc.ids, enc.word_ids):
-            if wid is not None:
-                words[wid].append(tid)
-        per_word.append([w or [unk] for w in words])
+    per_word = _word_pieces(tokenizer, [ex.words for ex in examples])
+    docs = {id(ex.doc): ex.doc for ex in examples if ex.doc} if doc_context else {}
+    doc_words = {key: _word_pieces(tokenizer, doc) for key, doc in docs.items()}
     budget = max_seq_len - 2
     out: list[Feature] = []
     for i, ex in enumerate(examples):
@@ -101,7 +95,7 @@ def tag_features(
         def emit() -> None:
             ids, labels = chunk_ids[:], chunk_labels[:]
             if doc_context:
-                ids, labels = _add_context(examples, per_word, i, ids, labels, budget)
+                ids, labels = _add_context(ex, per_word[i], doc_words.get(id(ex.doc)), chunk_words, ids, labels, budget)
             out.append(Feature([cls_id] + ids + [sep_id], [0] * (len(ids) + 2),
                                [IGNORE] + labels + [IGNORE], i, chunk_words[:]))
 
@@ -118,28 +112,49 @@ def tag_features(
     return out
 
 
-def _add_context(examples, per_word, i, ids, labels, budget):
-    """Grow the window with whole neighbouring sentences of the same document, alternating sides.
+def _word_pieces(tokenizer, sentences: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+    """Per sentence, the sub-token ids of each word (a word the vocab cannot split still gets one [UNK])."""
+    encodings = tokenizer.encode_batch([list(words) for words in sentences], is_pretokenized=True,
+                                       add_special_tokens=False)
+    unk = tokenizer.token_to_id("[UNK]")
+    out: list[list[list[int]]] = []
+    for words, enc in zip(sentences, encodings):
+        pieces: list[list[int]] = [[] for _ in words]
+        for tid, wid in zip(enc.ids, enc.word_ids):
+            if wid is not None:
+                pieces[wid].append(tid)
+        out.append([p or [unk] for p in pieces])
+    return out
 
-    A side stops at the first sentence that does not fit (or leaves the document): the window stays
-    a contiguous stretch of text, never a sentence beside one that was not its neighbour.
+
+def _add_context(ex, own_words, doc_words, chunk_words, ids, labels, budget):
+    """Grow the window with the text around the chunk, nearest first, alternating sides: the sentence's own
+    words beside the chunk (a sentence longer than the window is cut into chunks) one at a time, then whole
+    sentences of the document (`doc_words`: per sentence, per word, sub-token ids; None without a document).
+
+    A side stops at the first unit that does not fit (or at the document's edge): the window stays a
+    contiguous stretch of text, never a sentence beside one that was not its neighbour.
     """
-    doc = examples[i].doc_id
-    if not doc:
-        return ids, labels
-    side = {-1: i - 1, 1: i + 1}  # the next sentence to try on each side; dropped once it stops
-    while side:
-        for step in list(side):
-            j = side[step]
-            toks = [t for w in per_word[j] for t in w] if 0 <= j < len(examples) and examples[j].doc_id == doc else None
+    def units(step: int):
+        first, last = chunk_words[0], chunk_words[-1]
+        yield from (own_words[:first][::-1] if step < 0 else own_words[last + 1:])
+        if doc_words is not None:
+            j = ex.doc_pos + step
+            while 0 <= j < len(doc_words):
+                yield [t for w in doc_words[j] for t in w]
+                j += step
+
+    sides = {-1: units(-1), 1: units(1)}
+    while sides:
+        for step in list(sides):
+            toks = next(sides[step], None)
             if toks is None or len(ids) + len(toks) > budget:
-                del side[step]
+                del sides[step]
                 continue
             if step < 0:
                 ids, labels = toks + ids, [IGNORE] * len(toks) + labels
             else:
                 ids, labels = ids + toks, labels + [IGNORE] * len(toks)
-            side[step] = j + step
     return ids, labels
 
 

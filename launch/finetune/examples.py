@@ -11,7 +11,7 @@ import csv
 import logging
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -37,12 +37,35 @@ class TextExample:
 
 @dataclass(frozen=True)
 class TaggedExample:
-    """One sentence as words with one tag per word (None on test data); `doc_id` groups a document's sentences."""
+    """One sentence as words with one tag per word (None on test data); `doc_id` groups a document's sentences.
+
+    `doc` (the words of every sentence of the document, in file order; one tuple shared by them all) and
+    `doc_pos` (this sentence's place in it) give `--doc-context` its real neighbours even when the sentence
+    sits in a subset (`--max-train-samples`), where the list's neighbours are not the file's.
+    """
 
     guid: str
     words: tuple[str, ...]
     tags: tuple[str, ...] | None = None
     doc_id: str = ""
+    doc: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
+    doc_pos: int = -1
+
+
+def in_documents(examples: Sequence[TaggedExample]) -> list[TaggedExample]:
+    """The examples (in file order) with `doc` and `doc_pos` set: a document is a run of one non-empty doc_id."""
+    out: list[TaggedExample] = []
+    start = 0
+    for end in range(1, len(examples) + 1):
+        if end < len(examples) and examples[end].doc_id == examples[start].doc_id:
+            continue
+        run = examples[start:end]
+        if run[0].doc_id:
+            doc = tuple(ex.words for ex in run)
+            run = [replace(ex, doc=doc, doc_pos=pos) for pos, ex in enumerate(run)]
+        out.extend(run)
+        start = end
+    return out
 
 
 @dataclass(frozen=True)

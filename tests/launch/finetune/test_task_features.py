@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from launch.finetune import squad
-from launch.finetune.examples import ChoiceExample, DataError, TaggedExample, TextExample
+from launch.finetune.examples import ChoiceExample, DataError, TaggedExample, TextExample, in_documents
 from launch.finetune.encoding import IGNORE, choice_features, collate, tag_features, text_features
 
 from repo_paths import DATA
@@ -46,7 +46,7 @@ def test_ner_labels_first_subtoken_and_chunks(tokenizer):
 
 
 def test_ner_document_context_is_unlabelled(tokenizer):
-    doc = [TaggedExample(str(i), (w,), ("O",), "d") for i, w in enumerate(["before", "target", "after"])]
+    doc = in_documents([TaggedExample(str(i), (w,), ("O",), "d") for i, w in enumerate(["before", "target", "after"])])
     feats = tag_features(doc, tokenizer, max_seq_len=16, label_ids={"O": 0}, doc_context=True)
     mid = feats[1]
     assert [tokenizer.id_to_token(i) for i in mid.input_ids] == ["[CLS]", "before", "target", "after", "[SEP]"]
@@ -57,9 +57,34 @@ def test_ner_document_context_stops_at_a_sentence_that_does_not_fit(tokenizer):
     # the sentence after the target is too long for the window: the right side stops there rather
     # than reaching past it to "far", which would sit beside the target as if it were its neighbour
     words = [("before",), ("target",), ("big",) * 12, ("far",)]
-    doc = [TaggedExample(str(i), w, ("O",) * len(w), "d") for i, w in enumerate(words)]
+    doc = in_documents([TaggedExample(str(i), w, ("O",) * len(w), "d") for i, w in enumerate(words)])
     mid = tag_features(doc, tokenizer, max_seq_len=8, label_ids={"O": 0}, doc_context=True)[1]
     assert [tokenizer.id_to_token(i) for i in mid.input_ids] == ["[CLS]", "before", "target", "[SEP]"]
+
+
+def test_ner_document_context_in_a_subset_is_the_files_neighbours(tokenizer):
+    # --max-train-samples keeps sentences 0 and 2 of a document: sentence 2's context was sentence 0, which was
+    # never beside it; it is sentence 1 (not in the subset, still the text around it)
+    doc = in_documents([TaggedExample(str(i), (w,), ("O",), "d") for i, w in enumerate(["alpha", "beta", "gamma"])]
+                       + [TaggedExample("x", ("other",), ("O",), "e")])
+    subset = [doc[0], doc[2], doc[3]]
+    feats = tag_features(subset, tokenizer, max_seq_len=16, label_ids={"O": 0}, doc_context=True)
+    pieces = [[tokenizer.id_to_token(i) for i in f.input_ids[1:-1]] for f in feats]
+    assert pieces == [["alpha", "beta", "gamma"], ["alpha", "beta", "gamma"], ["other"]]
+    assert feats[1].label[1:-1] == [IGNORE, IGNORE, 0]
+
+
+def test_ner_document_context_of_a_chunk_is_its_own_sentence_first(tokenizer):
+    # a sentence cut into chunks: the second chunk's left context is the end of the first, not the sentence
+    # before (which came before the whole first chunk)
+    words = [("before",), tuple(f"w{k}" for k in range(10)), ("after",)]
+    doc = in_documents([TaggedExample(str(i), w, ("O",) * len(w), "d") for i, w in enumerate(words)])
+    budget = len(tokenizer.encode("w0", add_special_tokens=False).ids)
+    feats = tag_features(doc, tokenizer, max_seq_len=2 + 6 * budget, label_ids={"O": 0}, doc_context=True)
+    chunks = [f for f in feats if f.example_index == 1]
+    assert [c.word_index for c in chunks] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
+    text = tokenizer.decode(chunks[1].input_ids[1:-1])
+    assert text.replace(" ", "").startswith("w5w6") and text.replace(" ", "").endswith("w9after"), text
 
 
 def test_choice_features_shape(tokenizer):
