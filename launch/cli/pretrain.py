@@ -15,7 +15,8 @@ launcher instead:
 
 The run directory gets config.yaml (resolved), ds_config.json (generated), vocab.txt,
 metrics.jsonl, tensorboard/ and checkpoints/ (atomic; `latest` moves last). SIGTERM (preemption)
-saves a checkpoint at the next step and exits 0.
+saves a checkpoint at the next step and exits 143 (128 + the signal; 130 for Ctrl-C): the run is not
+finished, and a scheduler that restarts failed jobs continues it with --resume.
 """
 
 from __future__ import annotations

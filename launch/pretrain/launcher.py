@@ -4,8 +4,8 @@ The processes are started and watched by torch's elastic launch API (`torch.dist
 `elastic_launch`, standalone c10d rendezvous on this machine): it sets RANK / LOCAL_RANK /
 WORLD_SIZE / MASTER_ADDR / MASTER_PORT and, if one worker fails, stops the others. Two things are
 ours on top of it:
-- SIGTERM and SIGINT are forwarded to every worker, which checkpoints at the next step and exits 0;
-  the launcher then exits 0 too. (Left to the elastic agent, a signal shuts the group down with a
+- SIGTERM and SIGINT are forwarded to every worker, which checkpoints at the next step and exits
+  128 + the signal (143, 130); the launcher returns that code. (Left to the elastic agent, a signal shuts the group down with a
   deadline after which it SIGKILLs the workers, and the launcher fails whatever they did.)
 - OMP_NUM_THREADS is set (the cores divided among the workers): unset, a CPU run was 5x slower.
 """

@@ -269,6 +269,13 @@ class Trainer:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop_signal = signum
 
+    def _stopped(self) -> int:
+        """Stopped early, checkpoint saved: 128 + the signal's number, as a shell reports it (143 on a rank that
+        stopped because another got it). Not 0: a Kubernetes Job whose ranks exit 0 counts as Succeeded."""
+        code = 128 + int(self._stop_signal or signal.SIGTERM)
+        log.info("stopped by signal at step %d; checkpoint saved, continue with --resume (exit %d)", self.step, code)
+        return code
+
     def _forward(self, batch: dict[str, torch.Tensor], layout: Any = None) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Loss, [mlm_correct, mlm_total, nsp_correct, nsp_total] and the model's outputs for one micro-batch."""
         from model import pretraining_loss
@@ -334,10 +341,9 @@ class Trainer:
                 host, sample_ids, lr, applied = self.run_step(batches)
                 if not applied:  # a non-finite loss: the next step retries with the next global batch
                     if host[7] > 0:
-                        log.info("stopped by signal at step %d; continue with --resume", self.step)
                         if last_saved != self.step:
                             self.save()
-                        return 0
+                        return self._stopped()
                     continue
                 ids = self._gather_ids(sample_ids) if cfg.log.sample_ids else None
                 now = time.monotonic()
@@ -348,13 +354,12 @@ class Trainer:
                     record.update(self.evaluate())
                 if self.step % cfg.log.log_every == 0 or "eval_mlm_accuracy" in record:
                     self.metrics.write(record)
-                stop = host[7] > 0
+                stop = host[7] > 0 and self.step < cfg.schedule.total_steps  # at the last step it is done anyway
                 if stop or (cfg.checkpoint.save_every and self.step % cfg.checkpoint.save_every == 0):
                     self.save()
                     last_saved = self.step
                 if stop:
-                    log.info("stopped by signal at step %d; checkpoint saved, continue with --resume", self.step)
-                    return 0
+                    return self._stopped()
                 t_last = time.monotonic()  # checkpoint and eval time is not step time
             if last_saved != self.step:
                 self.save()
