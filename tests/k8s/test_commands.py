@@ -148,6 +148,8 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
             assert launcher.num_gpus == -1 and launcher.num_nodes == -1 and not launcher.include, where
             # mpirun starts the ranks over ssh with only the variables it is told to pass on
             assert "-x OMP_NUM_THREADS=" in launcher.launcher_args, where
+            # The MPIJob's launcher pod has no GPU: with one worker deepspeed would start the ranks there
+            assert launcher.force_multi or "MPIJob" not in where, where
         check_pretrain_worker(launcher.user_args, where, monkeypatch, capsys)
     elif program == "torchrun":
         from torch.distributed.run import get_args_parser

@@ -77,3 +77,23 @@ def test_every_gpu_pod_shares_the_volume_and_memory_backed_shm(rendered) -> None
                     if "nvidia.com/gpu" in container.get("resources", {}).get("limits", {}):
                         assert claims == {"bertpipe-data"}, (root, obj["metadata"]["name"])
                         assert any(m["mountPath"] == "/data" for m in container["volumeMounts"])
+
+
+def test_every_pretrain_pod_has_time_to_checkpoint_on_sigterm(rendered) -> None:
+    # SIGTERM makes the ranks checkpoint at the next step; with the default 30 s grace (or torchrun's default
+    # 30 s shutdown timeout) a BERT-Large step plus a ZeRO save was cut off by SIGKILL.
+    from k8s_validate import pod_specs
+
+    for root, objects in rendered.items():
+        for obj in objects:
+            if not obj["metadata"].get("labels", {}).get("bertpipe.io/stage", "").startswith("pretrain"):
+                continue
+            for _, pod in pod_specs(obj):
+                if not any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in pod["containers"]):
+                    continue  # a launcher pod: no rank to wait for
+                grace = pod.get("terminationGracePeriodSeconds", 30)
+                assert grace >= 600, (root, obj["metadata"]["name"])
+                for container in pod["containers"]:
+                    if container.get("command", [""])[0] == "torchrun":
+                        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                        assert 60 < int(env.get("PET_SHUTDOWN_TIMEOUT", 30)) < grace, (root, obj["metadata"]["name"])
