@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ignored under deepspeed/torchrun, which set the world themselves")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --out (a fresh start if there is none)")
+    # The deepspeed launcher appends --local_rank (also to `deepspeed --no_python bertpipe pretrain ...`);
+    # LOCAL_RANK in the environment is what we use.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     add_config_flags(parser, PretrainConfig, aliases=ALIASES,
                      config_help="preset name (tiny, demo, bert-base, bert-large-phase1, bert-large-phase2) or YAML file "
                      "(default with --resume: RUN/config.yaml); flags given here win")
@@ -98,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
     add_arguments(parser)
-    # The deepspeed launcher appends --local_rank; LOCAL_RANK in the environment is what we use.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     setup_logging()
     try:
