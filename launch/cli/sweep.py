@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-temp-dir", default=None,
                         help="temp dir of the local Ray (default: a fresh private one); deleted at the end if bertpipe created it")
     parser.add_argument("--save-models", action="store_true", help="keep every trial's fine-tuned model")
-    add_finetune_arguments(parser, skip=("task",))
+    # each trial keeps its model only with --save-models, and runs without a progress bar (Ray collects the logs)
+    add_finetune_arguments(parser, skip=("task", "save_model", "progress"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,3 +41,10 @@ def test_pretrain_takes_the_local_rank_the_deepspeed_launcher_appends():
         args = parser.parse_args(["--config", "tiny", "--data", "CORPUS", "--out", "RUN", flag])
         assert args.local_rank == 3
     assert "local_rank" not in parser.format_help()
+
+
+def test_sweep_offers_no_finetune_flag_it_would_ignore():
+    # --save-model/--progress were listed (save-model "default: true") but every trial ran without them
+    parser = cli.build_parser("sweep")
+    flags = {s for a in parser._actions for s in a.option_strings}
+    assert "--save-models" in flags and not flags & {"--save-model", "--no-save-model", "--progress", "--no-progress"}
