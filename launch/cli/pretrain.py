@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging()
     import torch
 
-    from launch.pretrain.trainer import SHARDS_VERIFIED_ENV, preflight
+    from launch.pretrain.preflight import SHARDS_VERIFIED_ENV, in_this_process, preflight
 
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if under_launcher:
@@ -64,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         cfg = load_run_config(args)
-        preflight(cfg, args.data, world_size=nproc, device_type=device_type)
+        # Under a launcher every rank runs this: the trainer's rank 0 hashes the shards, once for all.
+        preflight(cfg, args.data, world_size=nproc, device_type=device_type,
+                  run_check=None if under_launcher else in_this_process)
     except ValueError as err:
         raise CliError(str(err)) from None
     try:
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train_here(cfg, args: argparse.Namespace) -> int:
+    from launch.pretrain.checkpoints import ReportedByRankZero
     from launch.pretrain.trainer import NonFiniteLossError, Trainer
 
     try:
@@ -90,6 +93,9 @@ def _train_here(cfg, args: argparse.Namespace) -> int:
         rc = trainer.train()
         leave_process_group()
         return rc
+    except ReportedByRankZero:  # under a launcher: rank 0 says it, once
+        leave_process_group()
+        return 2
     except (ValueError, NonFiniteLossError) as err:
         raise CliError(str(err)) from None
 

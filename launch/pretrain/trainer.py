@@ -24,16 +24,16 @@ from launch.checkpoint_dirs import RUN_FILES, RUN_MARKER, is_run_dir, read_meta,
 from launch.pretrain.checkpoints import convert_to_universal, load_rng, on_rank0, save as save_checkpoint
 from launch.pretrain.hf_export import safe_deepspeed_loads
 from launch.pretrain.init_from import load_init_from
-from launch.pretrain.pretrain_config import PretrainConfig, validate
+from launch.pretrain.pretrain_config import PretrainConfig
+from launch.pretrain.preflight import preflight
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
 from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile_blocks, compile_enabled, to_device
 from launch.pretrain.launcher import free_port
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import build_scheduler
-from pipeline.corpus_info import CorpusInfo, open_corpus
+from pipeline.corpus_info import open_corpus
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
-from pipeline.manifest import verify_shards
 from pipeline.masking import derive_seed
 from pipeline.output_lock import mark_output, refuse_others_files
 
@@ -68,42 +68,6 @@ def _dotted(tree: dict[str, Any], key: str) -> Any:
     return tree
 
 
-# Set once this process has checked the corpus's shards; inherited by the workers it starts.
-SHARDS_VERIFIED_ENV = "BERTPIPE_SHARDS_VERIFIED"
-
-
-def preflight(cfg: PretrainConfig, corpus: CorpusInfo | Path, *, world_size: int,
-              device_type: str) -> tuple[Any, int]:
-    """Everything that can be refused before any process starts, each checked once here (the corpus
-    directory itself by `open_corpus`); returns the model's BertConfig and the gradient accumulation."""
-    from model import BertConfig
-
-    grad_accum = validate(cfg, world_size=world_size, device_type=device_type)
-    corpus = corpus if isinstance(corpus, CorpusInfo) else open_corpus(corpus)
-    data_dir, manifest = corpus.dir, corpus.manifest
-    corpus_vocab = corpus.vocab.size
-    vocab_size = cfg.model.vocab_size or corpus_vocab
-    if vocab_size < corpus_vocab:
-        raise ValueError(f"model.vocab_size={vocab_size} is smaller than the corpus vocabulary ({corpus_vocab} "
-                         f"tokens, {corpus.vocab_file}); set model.vocab_size=null to take the corpus's")
-    bert_cfg = BertConfig.preset(cfg.model.preset, vocab_size=vocab_size, **cfg.model.fields)  # fields checked by validate
-    if int(manifest["seq_len"]) > bert_cfg.max_position_embeddings:
-        raise ValueError(f"the corpus has seq_len {manifest['seq_len']} but the model has only "
-                         f"{bert_cfg.max_position_embeddings} positions; raise model.fields.max_position_embeddings "
-                         f"or rebuild the corpus with a shorter --seq-len")
-    train = corpus.num_instances("train")
-    if train == 0:
-        raise ValueError(f"the corpus {data_dir} has no training instances (its manifest.json counters say what "
-                         "was skipped and why); rebuild it from more input")
-    corpus.check_fits(cfg.data.global_batch_size)
-    # Last, as it reads every shard: a damaged shard is named here, not found by rank 0 mid-run. Workers
-    # started by `bertpipe pretrain --nproc N` skip it: their parent verified this corpus just before.
-    if os.environ.get(SHARDS_VERIFIED_ENV) != str(Path(data_dir).resolve()):
-        verify_shards(data_dir, manifest)
-        os.environ[SHARDS_VERIFIED_ENV] = str(Path(data_dir).resolve())
-    return bert_cfg, grad_accum
-
-
 class Trainer:
     def __init__(self, cfg: PretrainConfig, *, data_dir: Path, run_dir: Path, resume: bool = False) -> None:
         self.cfg = cfg
@@ -135,7 +99,8 @@ class Trainer:
         self.manifest_sha256 = corpus.manifest_sha256
         self.vocab_file = corpus.vocab_file
         self.mask_id = corpus.vocab.masking().mask_id
-        bert_cfg, self.grad_accum = preflight(cfg, corpus, world_size=self.world, device_type=self.device.type)
+        bert_cfg, self.grad_accum = preflight(cfg, corpus, world_size=self.world, device_type=self.device.type,
+                                              run_check=on_rank0)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
 

@@ -338,6 +338,26 @@ def test_same_trainer_under_the_deepspeed_launcher(small_corpus, reference, tmp_
     assert [got[s]["sample_ids"] for s in (1, 2)] == [ref[s]["sample_ids"] for s in (1, 2)]
 
 
+def test_under_a_launcher_rank_0_alone_hashes_the_shards_and_names_a_damaged_one(small_corpus, tmp_path):
+    # Every rank hashed the whole corpus (64 reads of it from shared storage at 64 ranks); now rank 0 does, and
+    # every rank stops with its verdict: the message once, from rank 0.
+    corpus = tmp_path / "corpus"
+    shutil.copytree(small_corpus, corpus)
+    shard = corpus / json.loads((corpus / "manifest.json").read_text())["shards"][-1]["path"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    flags = pretrain_cmd(corpus, tmp_path / "run", 2, 1)[2:]
+    at = flags.index("--nproc")
+    launcher = Path(sys.executable).with_name("deepspeed")
+    cmd = [str(launcher), "--num_gpus", "2", "--master_port", str(29600 + os.getpid() % 1000),
+           "--module", "launch.pretrain", *flags[:at], *flags[at + 2:]]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert output.count(f"shard {shard} is damaged") == 1, output[-4000:]
+
+
 @pytest.mark.slow
 def test_nonfinite_losses_are_skipped_counted_then_stop_the_run(small_corpus, tmp_path):
     out = tmp_path / "diverged"
