@@ -87,8 +87,11 @@ class OutputLock:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self._holder()
-                if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
-                    return self  # this process already holds it (e.g. the CLI around a library call)
+                if (holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+                        and holder.get("pid_start") in (None, record["pid_start"])):
+                    # This process already holds it (e.g. the CLI around a library call). Not a predecessor that
+                    # had our pid: a container restarted in place keeps its hostname and starts pids afresh.
+                    return self
                 if self._stale(holder):
                     log.warning("taking over the lock %s of %s (pid %s, which is no longer running or is another process now)",
                                 self.path, holder.get("command", "?"), holder.get("pid", "?"))

@@ -121,3 +121,15 @@ def test_a_reused_pid_on_the_same_host_does_not_hold_the_lock(tmp_path, caplog):
     with caplog.at_level("WARNING"), OutputLock(out, "pretrain"):
         assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
     assert "another process now" in caplog.text
+
+
+def test_our_own_pid_from_before_a_restart_is_not_taken_for_ours(tmp_path, caplog):
+    """The same hostname and the same pid as a predecessor (a restarted container): the lock was taken for this
+    process's own, so no heartbeat ran and it stayed behind after the run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": "pretrain",
+                                             "since": "then", "heartbeat_s": 15, "pid_start": "1"}))
+    with caplog.at_level("WARNING"), OutputLock(out, "pretrain") as lock:
+        assert lock._owned and json.loads((out / LOCK_NAME).read_text())["pid_start"] != "1"
+    assert "another process now" in caplog.text and not (out / LOCK_NAME).exists()
