@@ -5,9 +5,10 @@
 
 --config is a preset (tiny, demo, bert-base, bert-large-phase1, bert-large-phase2) or a YAML file; a flag
 overrides any field of it (`--zero.stage 2 --optim.lr 1e-3`; `--max-steps N` is
-`--schedule.total-steps N`). The old `zero.stage=2` form still works, with a warning. Locally,
---nproc N starts N processes (gloo on CPU, NCCL on GPUs). On a cluster run the same trainer under a
-launcher instead:
+`--schedule.total-steps N`). The old `zero.stage=2` form still works, with a warning. The defaults
+below are the config tree's own: a preset replaces most of them (launch/configs/PRESET.yaml), and the
+values a run used are in RUN/config.yaml. Locally, --nproc N starts N processes (gloo on CPU, NCCL
+on GPUs). On a cluster run the same trainer under a launcher instead:
 
   deepspeed --hostfile HOSTS --module launch.pretrain --config bert-large-phase1 --data CORPUS --out RUN
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-id RUN --rdzv-endpoint HOST:29500 \
