@@ -169,6 +169,8 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
     elif program == "/opt/apache/beam/boot":
         assert argv == ["/opt/apache/beam/boot", "--worker_pool"], where
         assert "/opt/apache/beam /opt/apache/beam" in (REPO / "docker" / "Dockerfile.cpu").read_text()
+        # else boot makes its own venv under /opt/apache (not writable by user 1000; blind to /opt/venv's packages)
+        assert "RUN_PYTHON_SDK_IN_DEFAULT_ENVIRONMENT=1" in (REPO / "docker" / "Dockerfile.cpu").read_text()
     else:
         pytest.fail(f"{where}: unrecognised program {program!r}; teach this test how to check it")
 
