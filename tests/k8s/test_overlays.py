@@ -97,3 +97,23 @@ def test_every_pretrain_pod_has_time_to_checkpoint_on_sigterm(rendered) -> None:
                     if container.get("command", [""])[0] == "torchrun":
                         env = {e["name"]: e.get("value") for e in container.get("env", [])}
                         assert 60 < int(env.get("PET_SHUTDOWN_TIMEOUT", 30)) < grace, (root, obj["metadata"]["name"])
+
+
+def test_every_launcher_starts_one_process_per_gpu_of_its_pod(rendered, find_object) -> None:
+    # A mismatch leaves GPUs idle, or puts two ranks on one GPU (out of memory), only once the job runs.
+    for root, objects in rendered.items():
+        trainjob = find_object(objects, "TrainJob", "bertpipe-pretrain")["spec"]["trainer"]
+        assert trainjob["numProcPerNode"] == int(trainjob["resourcesPerNode"]["limits"]["nvidia.com/gpu"]), root
+        runtime = find_object(objects, "TrainingRuntime", "bertpipe-deepspeed")["spec"]
+        for job in runtime["template"]["spec"]["replicatedJobs"]:
+            container = job["template"]["spec"]["template"]["spec"]["containers"][0]
+            assert runtime["mlPolicy"]["mpi"]["numProcPerNode"] == _gpus(container), (root, job["name"])
+        pytorch = find_object(objects, "PyTorchJob", "bertpipe-pretrain-torchrun")["spec"]
+        for name, spec in pytorch["pytorchReplicaSpecs"].items():
+            assert int(pytorch["nprocPerNode"]) == _gpus(spec["template"]["spec"]["containers"][0]), (root, name)
+        mpi = find_object(objects, "MPIJob", "bertpipe-pretrain-mpi")["spec"]
+        assert mpi["slotsPerWorker"] == _gpus(mpi["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]), root
+        jobset = find_object(objects, "JobSet", "bertpipe-pretrain-jobset")["spec"]["replicatedJobs"][0]["template"]["spec"]
+        container = jobset["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert int(env["PET_NPROC_PER_NODE"]) == _gpus(container), root
