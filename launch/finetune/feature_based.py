@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -40,13 +40,17 @@ class CachedFeatures(list):
     `layers_TKH` [T, K, H] (fp16) for the tokens of all features in order, feature i at
     rows offsets[i]:offsets[i + 1]."""
 
-    def __init__(self, feats: list, layers_TKH: torch.Tensor, offsets: np.ndarray) -> None:
+    def __init__(self, feats: list, layers_TKH: torch.Tensor, offsets: np.ndarray,
+                 collate_fn: Callable[[list], dict[str, torch.Tensor]]) -> None:
         super().__init__(feats)
-        self.layers_TKH, self.offsets = layers_TKH, offsets
+        self.layers_TKH, self.offsets, self.collate_fn = layers_TKH, offsets, collate_fn
 
     def batch(self, idx: list[int]) -> dict[str, torch.Tensor]:
-        """Fine-tuning's padded batch (labels, attention_mask) plus `features` [B, L, K, H] in fp32."""
-        batch = collate([self[i] for i in idx])
+        """Fine-tuning's padded batch (labels, attention_mask) plus `features` [B, L, K, H] in fp32.
+
+        `collate_fn` is the task's (`Task.collate`): a regression task's float labels stay floats (the
+        plain collate made them integers, and the head was trained toward floor(label))."""
+        batch = self.collate_fn([self[i] for i in idx])
         _, k, h = self.layers_TKH.shape
         feats_BLKH = torch.zeros(len(idx), batch["attention_mask"].shape[1], k, h)
         for r, i in enumerate(idx):
@@ -132,7 +136,7 @@ class FeatureBased:
                            "bf16" if self.bf16 else "fp32")
             layers_TKH = cache.layers(key, self.selection.indices, int(offsets[-1]), hidden,
                                       lambda missing: encoder.hidden_states(feats, missing, int(offsets[-1])))
-            return CachedFeatures(feats, layers_TKH, offsets)
+            return CachedFeatures(feats, layers_TKH, offsets, self.task.collate)
 
         t0 = time.perf_counter()
         self.train_feats = cached("train", self.train_feats)

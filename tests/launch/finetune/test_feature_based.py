@@ -148,3 +148,21 @@ def test_cache_folder_depends_on_what_the_activations_depend_on():
              "precision": "bf16"}
     assert {f.name for f in fields(SplitKey)} == set(other)
     assert len({key.digest} | {replace(key, **{k: v}).digest for k, v in other.items()}) == 1 + len(other)
+
+
+def test_a_regression_head_on_frozen_features_trains_on_the_float_scores(tiny_checkpoint, tmp_path):
+    # The feature-based batches were collated as class ids: 3.8 became 3, and the head learnt floor(score)
+    from launch.finetune.feature_based import FeatureBased
+    from launch.finetune.finetune_config import FinetuneConfig
+    from launch.finetune.runner import Finetuner
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("text\tscore\na fine film\t3.8\na dull one\t1.2\n")
+    (data / "dev.tsv").write_text("text\tscore\nfine\t2.5\ndull\t0.5\n")
+    cfg = FinetuneConfig(task="regress", data_dir=str(data), checkpoint=str(tiny_checkpoint), out=str(tmp_path / "out"),
+                         label_column="score", feature_based=True, layers="last", feature_cache=str(tmp_path / "cache"))
+    runner = type("FeatureBasedFinetuner", (FeatureBased, Finetuner), {})(cfg)
+    runner.prepare()
+    labels = runner.train_feats.batch([0, 1])["labels"]
+    assert labels.dtype.is_floating_point and sorted(labels.tolist()) == pytest.approx([1.2, 3.8])
