@@ -31,7 +31,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import yaml
 
@@ -143,13 +143,29 @@ def inputs_fingerprint(checkpoint: str | Path, data_dir: str | Path) -> str:
     h = hashlib.sha256()
     for root in (Path(checkpoint), Path(data_dir)):
         files = [root] if root.is_file() else sorted(
-            p for p in root.rglob("*") if p.is_file()
-            and not any(part.startswith(".") or part == "export" for part in p.relative_to(root).parts))
+            p for p in _files_under(root)
+            if not any(part.startswith(".") or part == "export" for part in p.relative_to(root).parts))
         for p in files:
             st = p.stat()
             h.update(f"{p.relative_to(root) if p != root else p.name}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
         h.update(b"--\n")
     return h.hexdigest()
+
+
+def _files_under(root: Path) -> Iterator[Path]:
+    """Every file below `root`, through linked folders too (`data/SST-2 -> /mnt/...` is common, and
+    `Path.rglob` does not enter them), each real folder once (a link loop ends)."""
+    seen: set[str] = set()
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirs.clear()
+            continue
+        seen.add(real)
+        for name in names:
+            path = Path(folder) / name
+            if path.is_file():
+                yield path
 
 
 def write_record(trial_dir: Path, settings: dict[str, Any], metrics: dict[str, float], inputs: str) -> Path:
@@ -242,7 +258,11 @@ def run_sweep(
     even started when all are), the others run.
     """
     out = Path(out).resolve()
-    tasks = [get_task(t).name for t in tasks]  # validates names, canonical spelling
+    canonical = [get_task(t).name for t in tasks]  # validates names, canonical spelling
+    twice = sorted({t for t in canonical if canonical.count(t) > 1})
+    if twice:  # else each config ran twice with the same seeds and the table averaged the copies
+        raise ValueError(f"--tasks names {', '.join(twice)} more than once ({', '.join(tasks)}); name each task once")
+    tasks = canonical
     grid_values = table7.GRID if table7.is_table7(grid) else load_grid(grid)
     seed_list = list(range(1, seeds + 1)) if isinstance(seeds, int) else list(seeds)
     if not seed_list:

@@ -178,6 +178,13 @@ def test_a_folder_with_the_users_results_md_is_refused_before_ray_starts(tiny_ch
     assert [p.name for p in mine.iterdir()] == ["results.md"] and (mine / "results.md").read_text() == "# my draft\n"
 
 
+def test_a_task_named_twice_is_refused_before_ray_starts(tiny_checkpoint, tmp_path):
+    # sst2,SST-2 ran every config twice with the same seed and printed "mean +- std" over the copies
+    with pytest.raises(ValueError, match=r"--tasks names sst2 more than once \(sst2, SST-2\)"):
+        run_sweep(["sst2", "SST-2"], tiny_checkpoint, GLUE, tmp_path / "sweep", grid="quick", overrides=TRIAL)
+    assert not (tmp_path / "sweep").exists()
+
+
 def _free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:

@@ -195,6 +195,19 @@ def test_inputs_fingerprint_sees_a_checkpoint_rewritten_in_place(tiny_checkpoint
     assert inputs_fingerprint(ckpt, GLUE / "SST-2") != before
 
 
+def test_inputs_fingerprint_sees_data_behind_a_linked_folder(tiny_checkpoint, tmp_path):
+    # rglob did not enter data/SST-2 -> elsewhere: an edit there kept stale trials on --resume
+    real = Path(shutil.copytree(GLUE / "SST-2", tmp_path / "real" / "SST-2"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "SST-2").symlink_to(real)
+    (data / "loop").symlink_to(data)  # a link loop ends
+    before = inputs_fingerprint(tiny_checkpoint, data)
+    train = real / "train.tsv"
+    train.write_text(train.read_text() + "one more line\t1\n")
+    assert inputs_fingerprint(tiny_checkpoint, data) != before
+
+
 def test_only_a_ray_temp_dir_bertpipe_created_is_removed(tmp_path):
     foreign = tmp_path / "theirs"
     foreign.mkdir()
