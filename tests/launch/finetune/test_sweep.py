@@ -74,6 +74,8 @@ def test_summary_picks_best_mean_over_seeds_and_lays_out_the_paper_table():
     ]
     s = summarize(trials)
     assert s["rte"]["best"]["config"]["lr"] == 2e-5 and s["rte"]["best"]["score"] == pytest.approx(0.67)
+    # the paper's choice, the best single dev run over every config and seed (it was the best config's best)
+    assert s["rte"]["best_run"] == {"config": {"lr": 3e-5, "batch_size": 32, "epochs": 3}, "seed": 1, "score": 0.72}
     assert s["sst2"]["best"] is None and len(s["sst2"]["failed"]) == 1
     table = markdown_table(s, name="bert-tiny")
     lines = table.splitlines()
