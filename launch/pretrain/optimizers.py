@@ -234,8 +234,12 @@ class _Plan:
 def no_decay(module: torch.nn.Module, local_name: str) -> bool:
     """The one weight-decay rule (google-research/bert's `exclude_from_weight_decay`): biases and
     LayerNorm parameters do not decay. Read from the module type and the parameter's own name, so that
-    it holds whatever the modules are called (`norm` here, `LayerNorm` in transformers)."""
-    return local_name == "bias" or isinstance(module, torch.nn.LayerNorm)
+    it holds whatever the modules are called (`norm` here, `LayerNorm` in transformers). Also spared, as
+    in ELMo/AllenNLP: an LSTM's biases (`bias_ih_l0`, ...) and a scalar mix's layer weights and scale
+    (feature-based heads), which decay would pull toward zero weights and a zero output."""
+    from model.heads import ScalarMix
+
+    return local_name.startswith("bias") or isinstance(module, (torch.nn.LayerNorm, ScalarMix))
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -45,6 +45,19 @@ def test_no_weight_decay_on_bias_and_layernorm():
     assert any(n.endswith("classifier.weight") for n in decayed)
 
 
+def test_a_feature_based_heads_scalar_mix_and_lstm_biases_do_not_decay():
+    # They decayed: the layer weights and the mix's scale pulled toward zero, the LSTM's biases too
+    from model.heads import FrozenFeatureHead
+
+    head = FrozenFeatureHead(4, 8, 5, combine="weighted", per_token=True, lstm_hidden=6)
+    decay, no_decay = _param_groups(head, 0.01)
+    names = {id(p): n for n, p in head.named_parameters()}
+    spared = sorted(names[id(p)] for p in no_decay["params"])
+    assert {"mix.weights", "mix.gamma", "lstm.bias_ih_l0", "lstm.bias_hh_l0_reverse"} <= set(spared), spared
+    assert all("weight_ih" in names[id(p)] or "weight_hh" in names[id(p)] or names[id(p)].endswith("classifier.weight")
+               for p in decay["params"]), [names[id(p)] for p in decay["params"]]
+
+
 def _cfg(ckpt: Path, out: Path, seed: int) -> FinetuneConfig:
     return FinetuneConfig(task="sst2", data_dir=str(GLUE), checkpoint=str(ckpt), out=str(out), seed=seed,
                           max_train_samples=32, max_eval_samples=32, epochs=1, batch_size=8, max_seq_len=32,
