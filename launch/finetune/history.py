@@ -2,7 +2,8 @@
 
 `TrainingHistory` is fed by the training loop: `step(...)` per optimizer step (loss, lr) and
 `epoch(...)` per epoch with the dev metrics of that epoch's evaluation. It writes, in OUT/:
-- `tensorboard/`: `train/loss`, `train/lr` per step, `dev/<metric>` and `train/epoch_loss` per epoch;
+- `tensorboard/`: `train/loss`, `train/lr` per step, `dev/<metric>` (`test/<metric>` for a labelled test
+  split) and `train/epoch_loss` per epoch;
 - `log_history.json`: one record per epoch (epoch, step, train loss, lr, dev metrics), rewritten
   atomically after every epoch, like transformers' `trainer_state.json` `log_history`;
 - `learning_curve.png`: the smoothed training loss per step and the dev metric per epoch.
@@ -41,7 +42,9 @@ class TrainingHistory:
             self.writer.add_scalar("train/epoch_loss", train_loss, step)
             for key, value in numbers.items():
                 if not key.endswith("eval_examples"):
-                    self.writer.add_scalar(f"dev/{key}", value, step)
+                    # A labelled test split's scores (`test_f1`) are test's, not dev's: never a dev curve to pick by.
+                    tag = f"test/{key.removeprefix('test_')}" if key.startswith("test_") else f"dev/{key}"
+                    self.writer.add_scalar(tag, value, step)
             self.writer.flush()
         write_text_atomic(self.out / "log_history.json", json.dumps(self.records, indent=2) + "\n", durable=False)
 

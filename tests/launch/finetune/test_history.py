@@ -36,3 +36,19 @@ def test_a_run_writes_tensorboard_a_per_epoch_history_and_a_learning_curve(tiny_
     assert image.shape[0] >= 400 and image.shape[1] >= 800 and image[..., :3].std() > 0.05
     orange = np.abs((image[..., :3] * 255).astype(int) - [255, 127, 14]).sum(-1) < 40  # the dev metric
     assert orange.mean() > 0.0005
+
+
+def test_a_labelled_test_splits_scores_are_logged_as_test_not_dev(tmp_path):
+    # CoNLL-2003's test split is scored each epoch as `test_f1`: it was plotted as `dev/test_f1`
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from launch.finetune.history import TrainingHistory
+
+    history = TrainingHistory(tmp_path, "f1")
+    history.step(1, 0.9, 1e-3)
+    history.epoch(1, 1, 0.9, 1e-3, {"f1": 0.5, "test_f1": 0.4, "eval_examples": 8, "test_eval_examples": 8})
+    history.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"dev/f1", "test/f1"} <= tags and not any(t.startswith("dev/test") for t in tags), tags
