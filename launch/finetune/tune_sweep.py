@@ -9,7 +9,7 @@ Runs on an embedded local Ray unless an address is given (`auto`, `ray://...`) o
 started by `ray job submit` (RAY_ADDRESS set); the local Ray never outlives the sweep, even a killed one
 (`launch.finetune.local_ray`). Crashed trials are retried (`FailureConfig(max_failures)`).
 
-Nothing finished is run twice: a trial that finishes first writes OUT/trials/<task>-<index>/trial_result.json
+Nothing finished is run twice: a trial that finishes first writes OUT/trials/<trial>/trial_result.json
 (its settings, metrics and their sha256; written, fsynced and renamed into place) and only then reports to
 Tune. `resume=True` reads these records, keeps every verified one (its settings are this sweep's settings
 for that trial) and runs only the other trials; Tune's own experiment state, which it saves every few
@@ -111,8 +111,21 @@ def expand(tasks: Sequence[str], grid: dict[str, list[Any]], seeds: Sequence[int
     return points
 
 
+_SHORT = {"batch_size": "bs", "epochs": "ep", "lr": "lr", "seed": "seed"}
+
+
 def trial_name(point: dict[str, Any]) -> str:
-    return f"{point['task']}-{point['index']:03d}"
+    """`sst2-bs32-ep3-lr3e-05-seed1`: named by what the trial runs, not by its place in the grid, so that a
+    resume with more seeds or another task finds the finished trials under the names they were written as
+    (positions shifted, and every trial ran again)."""
+    parts = [str(point["task"])]
+    for key in [k for k in sorted(point) if k not in ("task", "seed", "index")] + ["seed"]:
+        value = point[key]
+        if isinstance(value, bool):
+            parts.append(key if value else f"no-{key}")
+        else:
+            parts.append(f"{_SHORT.get(key, key + '-')}{value}")
+    return re.sub(r"[^A-Za-z0-9.+=-]+", "-", "-".join(parts))
 
 
 def _tune_trial_name(trial) -> str:
@@ -278,6 +291,11 @@ def run_sweep(
     # Every trial's settings must be valid before Ray starts anything.
     points = table7.points(tasks, seed_list) if table7.is_table7(grid) else expand(tasks, grid_values, seed_list)
     trials_dir = out / "trials"
+    names = {}
+    for p in points:  # distinct grid values can only meet in a name through characters a folder name cannot hold
+        if names.setdefault(trial_name(p), p) is not p:
+            raise ValueError(f"grid points {names[trial_name(p)]} and {p} would share the trial folder "
+                             f"{trial_name(p)}; make their values differ in letters or digits")
     settings = {p["index"]: _settings(base, p, trials_dir) for p in points}
     for p in points:
         from_dict(FinetuneConfig, settings[p["index"]]).validate()

@@ -18,7 +18,7 @@ import yaml
 
 from launch.finetune.report import grid_lines, markdown_table, summarize
 from launch.finetune import table7
-from launch.finetune.tune_sweep import _settings, expand, load_grid, run_sweep, shared_base
+from launch.finetune.tune_sweep import _settings, expand, load_grid, run_sweep, shared_base, trial_name
 
 from repo_paths import REPO
 GLUE = REPO / "data" / "glue"
@@ -124,7 +124,7 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
                        crash_first_attempt=1, max_failures=1, name="tiny")
     assert result.failed == 0 and len(result.trials) == 2
     assert (out / "fault_injection" / "trial-001").is_file()  # it did crash once, and FailureConfig retried it
-    assert (out / "trials" / "sst2-001" / "metrics.json").is_file()
+    assert (out / "trials" / "sst2-bs32-ep1-lr3e-05-seed1" / "metrics.json").is_file()
     data = json.loads((out / "results.json").read_text())
     assert data["summary"]["sst2"]["best"]["config"]["lr"] in (5e-5, 3e-5) and len(data["trials"]) == 2
     # the kept config is the trial with the highest dev score of the task's metric (not just any grid point)
@@ -136,9 +136,9 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     assert (out / "sweep.png").stat().st_size > 1000
     # What Tune shows and records as a trial's config does not contradict the point it ran: the shared
     # base leaves out the fields every point sets (lr, epochs, ...), the base's other fields are there.
-    params = json.loads((out / "tune" / "sst2-001" / "params.json").read_text())
+    params = json.loads((out / "tune" / "sst2-bs32-ep1-lr3e-05-seed1" / "params.json").read_text())
     assert "lr" not in params["base"] and "seed" not in params["base"] and params["base"]["max_seq_len"] == 32
-    ran = yaml.safe_load((out / "trials" / "sst2-001" / "config.yaml").read_text())
+    ran = yaml.safe_load((out / "trials" / "sst2-bs32-ep1-lr3e-05-seed1" / "config.yaml").read_text())
     assert ran["lr"] == params["point"]["lr"] and ran["max_train_samples"] == 32
     with pytest.raises(ValueError, match="--resume"):
         run_sweep(["sst2"], tiny_checkpoint, GLUE, out, grid="quick", overrides=TRIAL)
@@ -151,12 +151,12 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     # the trial's own exception, not Ray's wrapper line naming the actor
     assert first.trials[0]["error"].startswith("InjectedFault: trial 0: injected crash"), first.trials[0]["error"]
     # Tune copies trial dirs into OUT (file times change); a re-run would write a new result line.
-    done = out2 / "tune" / "sst2-001" / "result.json"
+    done = out2 / "tune" / "sst2-bs32-ep1-lr3e-05-seed1" / "result.json"
     before = done.read_text()
     resumed = run_sweep(["sst2"], tiny_checkpoint, GLUE, out2, grid="quick", overrides=TRIAL, resume=True)
     assert resumed.failed == 0 and len(resumed.trials) == 2
     assert done.read_text() == before  # the finished trial was kept, not re-run
-    assert (out2 / "trials" / "sst2-000" / "metrics.json").is_file()
+    assert (out2 / "trials" / "sst2-bs32-ep1-lr5e-05-seed1" / "metrics.json").is_file()
 
     # Bad input is refused in one line naming the file, and not retried: every attempt would fail alike.
     data = tmp_path / "bad" / "SST-2"
@@ -167,7 +167,8 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
                     overrides=TRIAL, max_failures=1)
     assert bad.failed == 1
     assert bad.trials[0]["error"] == f"refused: {data / 'dev.tsv'}:2: unknown label '7'; SST-2 labels are ['0', '1']"
-    assert not (tmp_path / "refused" / "tune" / "sst2-000" / "error.txt").exists()  # no attempt raised
+    refused = tmp_path / "refused" / "tune" / "sst2-lr5e-05-seed1"
+    assert refused.is_dir() and not (refused / "error.txt").exists()  # no attempt raised
 
 
 def test_a_folder_with_the_users_results_md_is_refused_before_ray_starts(tiny_checkpoint, tmp_path):
@@ -178,6 +179,17 @@ def test_a_folder_with_the_users_results_md_is_refused_before_ray_starts(tiny_ch
         with pytest.raises(ValueError, match="holds results.md, which `bertpipe sweep` did not write"):
             run_sweep(["sst2"], tiny_checkpoint, GLUE, mine, grid="quick", overrides=TRIAL, resume=resume)
     assert [p.name for p in mine.iterdir()] == ["results.md"] and (mine / "results.md").read_text() == "# my draft\n"
+
+
+def test_a_trial_is_named_by_what_it_runs_so_more_seeds_or_tasks_keep_the_finished_names(tiny_checkpoint, tmp_path):
+    # Named by position (sst2-001), adding a seed or a task renamed nearly every trial and --resume ran them again
+    grid = {"lr": [5e-5, 3e-5], "batch_size": [32]}
+    before = {trial_name(p) for p in expand(["sst2"], grid, [1, 2])}
+    after = {trial_name(p) for p in expand(["mrpc", "sst2"], grid, [1, 2, 3])}
+    assert before < after and "sst2-bs32-lr3e-05-seed2" in before
+    with pytest.raises(ValueError, match="would share the trial folder sst2-text-column-a-b-seed1"):
+        run_sweep(["sst2"], tiny_checkpoint, GLUE, tmp_path / "clash", grid={"text_column": ["a b", "a/b"]},
+                  overrides=TRIAL)
 
 
 def test_a_task_named_twice_is_refused_before_ray_starts(tiny_checkpoint, tmp_path):

@@ -105,7 +105,7 @@ def test_sigkill_of_the_driver_leaves_no_ray_behind_and_resume_keeps_the_finishe
     grid = tmp_path / "one.yaml"
     grid.write_text("lr: [5.0e-5]\nbatch_size: [32]\nepochs: [1]\n")
     argv = _argv(tiny_checkpoint, out, ray_temp, grid)
-    first_trial = out / "trials" / "sst2-000"
+    first_trial = out / "trials" / "sst2-bs32-ep1-lr5e-05-seed1"
     driver = _start(argv, tmp_path / "first.log")
     try:
         _wait_for(first_trial / RECORD, driver)
@@ -147,7 +147,7 @@ def test_ctrl_c_on_sweep_is_one_line_and_exit_130(tiny_checkpoint, tmp_path, ray
     log = tmp_path / "sweep.err"
     driver = _start(_argv(tiny_checkpoint, out, ray_temp), log)
     try:
-        _wait_for(out / "trials" / "sst2-000" / RECORD, driver)  # the second trial is starting or running
+        _wait_for(out / "trials" / "sst2-bs32-ep1-lr5e-05-seed1" / RECORD, driver)  # the second trial is starting or running
         offset = log.stat().st_size
         os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         assert driver.wait(timeout=120) == 130
@@ -158,7 +158,7 @@ def test_ctrl_c_on_sweep_is_one_line_and_exit_130(tiny_checkpoint, tmp_path, ray
     after = [line for line in text[offset:].splitlines() if " INFO " not in line]
     assert len(after) == 1 and after[0].startswith("bertpipe sweep: interrupted; "), after
     assert "--resume" in after[0] and "Traceback" not in text
-    assert not (out / "results.json").exists() and (out / "trials" / "sst2-000" / RECORD).is_file()
+    assert not (out / "results.json").exists() and (out / "trials" / "sst2-bs32-ep1-lr5e-05-seed1" / RECORD).is_file()
     assert not ray_temp.exists()
 
 
