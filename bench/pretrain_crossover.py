@@ -9,7 +9,7 @@ vocabulary and fine-tuning settings need before the checkpoint beats random init
      vocabulary and seq 64; the model preset, optimizer, lr and batch as named (default batch `--batch`), dynamic
      masking, constant lr after warm-up so that every checkpoint along the way is a fair stopping
      point), all runs side by side on the one device, until `--steps` or `--budget-s` seconds
-     (SIGTERM: the trainer checkpoints and exits);
+     (SIGTERM: the trainer checkpoints and exits 143);
   2. every checkpoint whose step is in `--at` (and the last) is exported and fine-tuned on SST-2 with
      the demo's settings (lr 5e-4, batch 32, 2 epochs, seq 64) for `--seeds` seeds, beside the
      same architecture from random init (`--init random`), `--jobs` fine-tunings at a time;
@@ -77,19 +77,21 @@ def pretrain_all(args: argparse.Namespace, out: Path) -> dict[str, float]:
                 str(args.warmup), "--save-every", str(args.save_every), "--checkpoint.keep-last", "1000",
                 "--log.eval-every", str(args.save_every), "--log.eval-samples", "2048", "--log.log-every", "50"]
         procs[name] = bertpipe(*argv, log=out / f"{name}.pretrain.log")
-    walls = {}
+    walls, stopped = {}, set()
     while procs:
         for name, proc in list(procs.items()):
             if proc.poll() is not None:
                 walls[name] = time.monotonic() - started
                 print(f"pretrain {name}: exit {proc.returncode} after {walls[name]:.0f} s", flush=True)
-                if proc.returncode:
+                # 143 = stopped by our SIGTERM, checkpoint saved (128 + the signal): expected, not a failure
+                if proc.returncode and not (name in stopped and proc.returncode == 128 + signal.SIGTERM):
                     print(tail(out / f"{name}.pretrain.log"), flush=True)
                 del procs[name]
         if procs and time.monotonic() - started > args.budget_s:
             for name, proc in procs.items():
                 print(f"pretrain {name}: budget {args.budget_s} s reached, SIGTERM", flush=True)
                 proc.send_signal(signal.SIGTERM)
+                stopped.add(name)
             args.budget_s = float("inf")  # once
         time.sleep(1)
     return walls
