@@ -47,32 +47,25 @@ class InstanceSettings:
     sep_id: int = 102
 
 
-def truncate_seq_pair(
-    len_a: int, len_b: int, max_num_tokens: int, rng: np.random.Generator, keep_junction: bool = False
-) -> tuple[int, int, int, int]:
-    """Trim the longer side, from a random end, one token at a time, until A+B fit.
+def truncate_seq_pair(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
+    """Trim the longer side one token at a time until A+B fit: A from its front, B from its back.
 
-    Returns (a_front, a_back, b_front, b_back): tokens removed at each end. Counts instead of list
-    deletions keep a pathological 50k-token "sentence" linear. With `keep_junction` (true-next
-    pairs) only the outer ends are trimmed (A's front, B's back), so A followed by B stays a
-    contiguous run of the document; the original could cut at the junction and label a pair with a
-    gap "next". The random draws are the same either way.
+    Returns (a_front, b_back): the tokens removed. The original trims a random end of the longer side;
+    here the junction is never cut, for either label, so A ends and B starts where the pair was drawn.
+    Cutting only true-next pairs at their outer ends (as this did before) told the label: a junction
+    cut mid-sentence or starting on a `##` piece meant "random", and a rule on that alone guessed 83%
+    of the labels. Closed form of the one-token loop (`if len_a > len_b: A loses one, else B`), so a
+    pathological 50k-token "sentence" costs nothing.
     """
     excess = len_a + len_b - max_num_tokens
-    cut = [0, 0, 0, 0]
     if excess <= 0:
-        return (0, 0, 0, 0)
-    front = rng.random(excess) < 0.5
-    if keep_junction:
-        front[:] = True  # A loses its front ...
-    for k in range(excess):
-        if len_a > len_b:
-            cut[0 if front[k] else 1] += 1
-            len_a -= 1
-        else:
-            cut[3 if keep_junction else (2 if front[k] else 3)] += 1  # ... B its back
-            len_b -= 1
-    return cut[0], cut[1], cut[2], cut[3]
+        return 0, 0
+    gap = abs(len_a - len_b)
+    level = min(gap, excess)  # the longer side alone, down to the other's length
+    rest = excess - level  # then both in turn, B first (the loop trims B when they are level)
+    a_cut = (level if len_a > len_b else 0) + rest // 2
+    b_cut = (level if len_b > len_a else 0) + rest - rest // 2
+    return a_cut, b_cut
 
 
 def create_instances_from_document(
@@ -146,11 +139,9 @@ def _random_other_document(doc_index: int, num_documents: int, rng: np.random.Ge
 
 
 def _make_instance(doc_id, tokens_a, tokens_b, is_random_next, max_num_tokens, settings, vocab, rng) -> Instance:
-    a_front, a_back, b_front, b_back = truncate_seq_pair(
-        tokens_a.size, tokens_b.size, max_num_tokens, rng, keep_junction=not is_random_next
-    )
-    tokens_a = tokens_a[a_front : tokens_a.size - a_back]
-    tokens_b = tokens_b[b_front : tokens_b.size - b_back]
+    a_front, b_back = truncate_seq_pair(tokens_a.size, tokens_b.size, max_num_tokens)
+    tokens_a = tokens_a[a_front:]
+    tokens_b = tokens_b[: tokens_b.size - b_back]
     assert tokens_a.size >= 1 and tokens_b.size >= 1, "segments are non-empty by construction"
     cls = np.array([settings.cls_id], dtype=np.int32)
     sep = np.array([settings.sep_id], dtype=np.int32)

@@ -28,6 +28,7 @@ TRAIN, HELDOUT = "train", "heldout"
 _U64 = float(2**64)
 # Below this many documents a guaranteed heldout document would take too much of the training text.
 MIN_DOCS_FOR_FORCED_HELDOUT = 10
+FORCED_HELDOUT = 2  # the lowest-scoring documents that are heldout whatever the fraction (in such corpora)
 # Instances per `InstanceBatch` leaving a bucket (~5 MB at seq 512): bounds one element's memory.
 BATCH_INSTANCES = 4096
 
@@ -46,20 +47,20 @@ def heldout_score(seed: int, doc_id: str) -> float:
 
 
 class _DocStats(beam.CombineFn):
-    """(number of documents, (lowest heldout score, its doc id)) over the whole corpus."""
+    """(number of documents, the FORCED_HELDOUT lowest (heldout score, doc id)) over the whole corpus."""
 
     def __init__(self, seed: int):
         self.seed = seed
 
     def create_accumulator(self):
-        return (0, (2.0, ""))
+        return (0, ())
 
     def add_input(self, acc, doc_id):
-        return (acc[0] + 1, min(acc[1], (heldout_score(self.seed, doc_id), doc_id)))
+        return (acc[0] + 1, tuple(sorted(acc[1] + ((heldout_score(self.seed, doc_id), doc_id),))[:FORCED_HELDOUT]))
 
     def merge_accumulators(self, accs):
         accs = list(accs)
-        return (sum(a[0] for a in accs), min(a[1] for a in accs))
+        return (sum(a[0] for a in accs), tuple(sorted(x for a in accs for x in a[1])[:FORCED_HELDOUT]))
 
     def extract_output(self, acc):
         return acc
@@ -71,9 +72,10 @@ def assign_split(doc_id: str, stats, settings: SplitSettings) -> str:
         return TRAIN
     if heldout_score(settings.seed, doc_id) < fraction:
         return HELDOUT
-    n_docs, (_, lowest_doc) = stats
-    # A small corpus could hash no document below the fraction; the trainer still needs a heldout set.
-    if n_docs >= MIN_DOCS_FOR_FORCED_HELDOUT and doc_id == lowest_doc:
+    n_docs, lowest = stats
+    # A small corpus could hash no document, or one, below the fraction; the trainer still needs a heldout
+    # set, and its NSP pairs a second document: alone in its bucket, a document's "random" B is its own.
+    if n_docs >= MIN_DOCS_FOR_FORCED_HELDOUT and any(doc_id == d for _, d in lowest):
         return HELDOUT
     return TRAIN
 

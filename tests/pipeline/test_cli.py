@@ -42,7 +42,10 @@ def test_small_corpus_layout(small_corpus, data_dir):
     assert [s["path"] for s in m["shards"]][:2] == ["train-00000-of-00002.arrow", "train-00001-of-00002.arrow"]
     c = m["counters"]
     assert c["documents_read"] == 107 and c["skipped_wiki_redirect"] == 100 and c["instances"] == m["num_instances"]
-    assert c["documents_train"] + c["documents_heldout"] == 107 and c["documents_heldout"] >= 1
+    assert c["documents_train"] + c["documents_heldout"] == 107
+    # At least two heldout documents (2% of 107 hashes to about one): alone in its bucket, a document's
+    # "random" second segments all came from itself, and eval_nsp_accuracy scored half-wrong labels.
+    assert c["documents_heldout"] >= 2 and c.get("buckets_with_one_document", 0) == 0
     total = 0
     heldout_docs, train_docs = set(), set()
     for shard in m["shards"]:
