@@ -291,11 +291,13 @@ def run_sweep(
     # Every trial's settings must be valid before Ray starts anything.
     points = table7.points(tasks, seed_list) if table7.is_table7(grid) else expand(tasks, grid_values, seed_list)
     trials_dir = out / "trials"
-    names = {}
+    named: dict[str, dict[str, Any]] = {}
     for p in points:  # distinct grid values can only meet in a name through characters a folder name cannot hold
-        if names.setdefault(trial_name(p), p) is not p:
-            raise ValueError(f"grid points {names[trial_name(p)]} and {p} would share the trial folder "
-                             f"{trial_name(p)}; make their values differ in letters or digits")
+        name = trial_name(p)
+        if name in named:
+            raise ValueError(f"grid points {named[name]} and {p} would share the trial folder {name}; "
+                             "make their values differ in letters or digits")
+        named[name] = p
     settings = {p["index"]: _settings(base, p, trials_dir) for p in points}
     for p in points:
         from_dict(FinetuneConfig, settings[p["index"]]).validate()
