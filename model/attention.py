@@ -55,6 +55,12 @@ class Unpadded:
         mask = attention_mask_BL.bool()
         batch, seqlen = mask.shape
         lengths_B = mask.sum(dim=1, dtype=torch.int32)
+        # A row with no token has no [CLS] for the pooler to take: it would take the next row's (or
+        # index past the end). Checking costs a host sync, which `nonzero` below makes anyway.
+        if batch and not bool((lengths_B > 0).all()):
+            empty = torch.nonzero(lengths_B == 0).flatten().tolist()
+            raise ValueError(f"attention_mask row(s) {empty[:5]} have no token (all 0): with unpad=True every "
+                             "sequence needs at least its [CLS]; drop empty rows from the batch")
         indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
         cu = F.pad(torch.cumsum(lengths_B, dim=0, dtype=torch.int32), (1, 0))
         return cls(indices, cu, batch, seqlen)
@@ -88,7 +94,8 @@ class Unpadded:
         return x_BLX.reshape(self.batch * self.seqlen, *x_BLX.shape[2:]).index_select(0, self.indices)
 
     def first_tokens(self, x_TH: torch.Tensor) -> torch.Tensor:
-        """The [CLS] row of each sequence: [B, H]."""
+        """The first real token of each sequence, its [CLS]: [B, H]. (Under left padding the padded
+        path pools position 0, a pad token, as Hugging Face does; BERT's inputs are right-padded.)"""
         return x_TH.index_select(0, self.cu_seqlens[:-1].long())
 
     def key_mask(self, dtype: torch.dtype) -> torch.Tensor:

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
+from launch.checkpoint_dirs import META
 from launch.pretrain.training_log import read_records
 from model.torch_files import load_torch_file
 from pipeline.vocab import Vocab
@@ -112,7 +113,7 @@ def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run
                          f"unexpected {unexpected[:5]}")
     save_pretrained(model, dest, vocab_file=vocab_file)
     vocab.write_tokenizer_files(dest, model_max_length=model.config.max_position_embeddings)
-    (dest / "README.md").write_text(_model_card(run_dir, tag, meta), encoding="utf-8")
+    (dest / "README.md").write_text(_model_card(run_dir, tag, meta, vocab.size), encoding="utf-8")
 
 
 def _trim_vocab_rows(state: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
@@ -124,7 +125,8 @@ def _trim_vocab_rows(state: dict[str, torch.Tensor], rows: int) -> dict[str, tor
     return {n: t[:rows] if n in names else t for n, t in state.items()}
 
 
-def _model_card(run_dir: Path, tag: str, meta: dict[str, Any]) -> str:
+def _model_card(run_dir: Path, tag: str, meta: dict[str, Any], vocab_size: int) -> str:
+    """The exported folder's README; `vocab_size` is the exported one (padded rows dropped)."""
     cfg, corpus, bert = meta["config"], meta.get("corpus", {}), meta["bert_config"]
     last: dict[str, Any] = {}
     last_eval: dict[str, Any] = {}
@@ -155,7 +157,7 @@ BERT (`BertForPreTraining`: masked-LM and next-sentence heads) pre-trained with 
 in {meta.get('precision', 'fp32')} by `bertpipe pretrain`, exported from checkpoint `{tag}`.
 
 - Architecture: {bert['num_hidden_layers']} layers, hidden {bert['hidden_size']}, {bert['num_attention_heads']} heads,
-  vocabulary {bert['vocab_size']}, {bert['max_position_embeddings']} positions.
+  vocabulary {vocab_size}, {bert['max_position_embeddings']} positions.
 - Corpus: `{corpus.get('path')}`, {corpus.get('num_instances')} instances at sequence length {corpus.get('seq_len')}
   (vocab sha256 `{corpus.get('vocab_sha256')}`, lowercase: {corpus.get('lowercase')}).
 - Training: {meta['step']} optimizer steps, {meta['position']} samples, global batch {cfg['data']['global_batch_size']},

@@ -153,3 +153,13 @@ def test_fp32_loss_and_counts_are_the_reference_formula_bit_for_bit():
                 float((nsp.argmax(-1) == nsp_labels).sum()), 4.0]
     assert counts.dtype == torch.float64 and counts.tolist() == expected
     assert np.isnan(pretraining_loss(mlm, nsp, torch.full_like(labels, -100), nsp_labels)[0].item())
+
+
+def test_an_empty_row_is_refused_not_pooled_from_its_neighbour():
+    # The pooler takes each row's first real token: an all-0 row used to get the next row's [CLS]
+    # (or, as the last row, an index error).
+    for empty in (1, 2):
+        mask = torch.ones(3, 4, dtype=torch.long)
+        mask[empty] = 0
+        with pytest.raises(ValueError, match=rf"attention_mask row\(s\) \[{empty}\] have no token"):
+            Unpadded.from_mask(mask)
