@@ -10,6 +10,7 @@ to and from Hugging Face's names. Post-LayerNorm, exact (erf) GELU, learned abso
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +28,11 @@ class BertOutput:
     hidden_states: tuple[torch.Tensor, ...] | None = None  # embeddings + each layer, [B, L, H] each
 
 
-@dataclass
-class PreTrainingOutput:
+class PreTrainingOutput(NamedTuple):
+    """A tuple, not a dataclass: DeepSpeed finds a forward's output tensors only inside tensors, tuples,
+    lists and dicts, and hooks them to run its pre-backward step; unseen, that step never ran and
+    bf16 ZeRO-1 with gradient accumulation summed micro-batch k's gradient GA-k times."""
+
     mlm_logits: torch.Tensor  # [B, P, V] at masked_lm_positions, else [B, L, V]
     nsp_logits: torch.Tensor  # [B, 2]; class 0 = B follows A, 1 = random B
 
