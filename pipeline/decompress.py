@@ -1,4 +1,4 @@
-"""Decompression of one input file's bytes: bz2 and gzip sniffed from magic bytes, not the name.
+"""Decompression of one input file's bytes: bz2, gzip and xz sniffed from magic bytes, not the name.
 
 Concatenated members (Wikipedia's multistream dumps, `cat a.gz b.gz`) read fully. Damage (a
 truncated file, invalid data) raises `CorruptStream` once the text decoded well before it has been
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bz2
 import collections
+import lzma
 import zlib
 from typing import BinaryIO, Iterator
 
@@ -29,13 +30,25 @@ class CorruptStream(Exception):
         self.truncated = truncated
 
 
+# Archive formats we do not decode, by magic bytes: read as text they were skipped as "binary".
+_UNSUPPORTED = {b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z",
+                b"\x04\x22\x4d\x18": "lz4"}
+
+
+def unsupported_compression(head: bytes) -> str | None:
+    """The name of the archive format `head` (a file's first bytes) starts, if we cannot decode it."""
+    return next((name for magic, name in _UNSUPPORTED.items() if head.startswith(magic)), None)
+
+
 def decompressed_chunks(raw: BinaryIO) -> Iterator[bytes]:
-    """Uncompressed bytes of `raw`, sniffing bz2/gzip; raises `CorruptStream` on damage at the end."""
+    """Uncompressed bytes of `raw`, sniffing bz2/gzip/xz; raises `CorruptStream` on damage at the end."""
     head = raw.read(CHUNK)
     if head.startswith(b"BZh"):
         make = bz2.BZ2Decompressor
     elif head.startswith(b"\x1f\x8b"):
         make = lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)  # noqa: E731  (gzip member)
+    elif head.startswith(b"\xfd7zXZ\x00"):
+        make = lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)  # noqa: E731  (one xz stream)
     else:
         while head:
             yield head
@@ -59,7 +72,7 @@ def _decoded(raw: BinaryIO, data: bytes, make) -> Iterator[bytes]:
             data = raw.read(CHUNK)
             if not data:
                 break
-    except (OSError, EOFError, zlib.error, ValueError) as err:
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, ValueError) as err:
         raise CorruptStream(str(err)) from err
     raise CorruptStream("compressed stream ends before its end marker (truncated file)", truncated=True)
 
@@ -77,8 +90,8 @@ def _inflate(decomp, data: bytes) -> Iterator[bytes]:
             yield out
         if decomp.eof:
             return
-        if isinstance(decomp, bz2.BZ2Decompressor):
-            if decomp.needs_input:  # bz2 keeps unread input inside and says when it wants more
+        if isinstance(decomp, (bz2.BZ2Decompressor, lzma.LZMADecompressor)):
+            if decomp.needs_input:  # bz2 and xz keep unread input inside and say when they want more
                 return
             data = b""
         else:

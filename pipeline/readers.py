@@ -1,7 +1,8 @@
 """Streaming readers: bytes of one input file -> documents, or counted skips with reasons.
 
 Pure functions over a binary stream (Beam's `FileSystems.open` in the job, a plain file in tests).
-Compression is sniffed from magic bytes, not the file name (`pipeline.decompress`); a truncated or
+Compression (bz2, gzip, xz) is sniffed from magic bytes, not the file name (`pipeline.decompress`);
+other archive formats are skipped as `unsupported_compression`; a truncated or
 corrupt stream ends the file with a `corrupt_compression` skip after the complete documents before
 the damage have been emitted. A UTF-8 byte order mark at the start of a file is dropped. Memory per
 file is bounded by `max_document_bytes`: a larger document is skipped, never held.
@@ -26,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Union
 
-from pipeline.decompress import CorruptStream, decompressed_chunks
+from pipeline.decompress import CorruptStream, decompressed_chunks, unsupported_compression
 from pipeline.wikitext import parse_page, wikitext_to_paragraphs
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,11 @@ def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, sta
     if not first.strip():
         yield Skip(source, source, "empty_file")
         return
+    packed = unsupported_compression(first)
+    if packed:
+        yield Skip(source, source, "unsupported_compression", f"{packed}: decompress it, or recompress it as "
+                   "bz2, gzip or xz")
+        return
     if looks_binary(first):
         yield Skip(source, source, "binary_file")
         return
@@ -150,10 +156,16 @@ def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, sta
     parsers = {"wiki-xml": _wiki_pages, "text": _book, "lines": _sentence_lines, "jsonl": _jsonl,
                "wikiextractor": _extracted_docs}
     name = source.rsplit("/", 1)[-1]
+    records = 0
     try:
-        yield from parsers[fmt](stream(), name, source, max_document_bytes, stats)
+        for record in parsers[fmt](stream(), name, source, max_document_bytes, stats):
+            records += 1
+            yield record
     except CorruptStream as err:
+        records += 1
         yield Skip(source, f"{name}@end", "corrupt_compression", str(err))
+    if not records:  # e.g. a book under `--format wiki-xml`: nothing in it has that format's shape
+        yield Skip(source, source, "no_document_in_format", f"nothing in it reads as {fmt} ({how})")
 
 
 def _lines(stream: Iterator[bytes], max_line: int) -> Iterator[bytes | None]:
@@ -169,7 +181,8 @@ def _lines(stream: Iterator[bytes], max_line: int) -> Iterator[bytes | None]:
             nl = buf.find(b"\n", pos)
             if nl < 0:
                 break
-            yield None if overlong else buf[pos:nl].rstrip(b"\r")
+            # Over the cap within one chunk too, not only when a chunk ends inside it.
+            yield None if overlong or nl - pos > max_line else buf[pos:nl].rstrip(b"\r")
             overlong = False
             pos = nl + 1
         buf = buf[pos:]
@@ -200,6 +213,9 @@ def _wiki_pages(stream, name, source, max_bytes, stats) -> Iterator[Record]:
                     buf = b""
                 break
             pos = end + len(b"</page>")
+            if pos - start > max_bytes:  # whole within one chunk, but over the cap all the same
+                yield Skip(source, f"{name}@page", "document_too_large", f"over {max_bytes} bytes")
+                continue
             yield from _wiki_page(buf[start:pos], name, source, stats)
     if b"<page>" in buf:
         # An uncompressed file cut off inside a page (a damaged archive raises CorruptStream instead).

@@ -7,6 +7,7 @@ truncated archive is detected and counted instead of silently ending early.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 from typing import Iterable, Sequence
@@ -59,22 +60,21 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
 
 def _expand(pattern: str) -> list[str]:
     if os.path.isdir(pattern):
-        found = []
-        for root, dirs, names in os.walk(pattern):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            found += [os.path.join(root, n) for n in sorted(names) if not _ignored(n)]
+        found = _walk(pattern)
         if not found:
             raise ValueError(f"input directory {pattern} holds no input files ({_IGNORED_NOTE})")
         return found
     if os.path.isfile(pattern):
         return [pattern]  # named by the user: read, whatever the ignore list says
+    if "://" not in pattern:
+        return _expand_local_glob(pattern)
     try:
         result = FileSystems.match([pattern])[0]
     except Exception as err:  # Beam raises BeamIOError for unknown schemes and bad patterns
         raise ValueError(f"input {pattern}: {err}") from err
-    explicit = "://" in pattern and not any(c in pattern for c in "*?[")
+    explicit = not any(c in pattern for c in "*?[")
     matched = [m.path for m in result.metadata_list if explicit or not _ignored(m.path)]
-    if not matched and "://" in pattern:
+    if not matched:
         # A remote "directory": match everything under it.
         result = FileSystems.match([pattern.rstrip("/") + "/**"])[0]
         matched = [m.path for m in result.metadata_list if not _ignored(m.path)]
@@ -84,19 +84,37 @@ def _expand(pattern: str) -> list[str]:
     return sorted(matched)
 
 
+def _walk(directory: str) -> list[str]:
+    found = []
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [os.path.join(root, n) for n in sorted(names) if not _ignored(n)]
+    return found
+
+
+def _expand_local_glob(pattern: str) -> list[str]:
+    """A local glob: its files, and the files under the directories it matches (Beam's `match`
+    returns files only, so `raw/*` over `raw/gutenberg/` dropped the books without a word)."""
+    hits = sorted(glob.glob(pattern, recursive=True))
+    found = [f for hit in hits for f in (_walk(hit) if os.path.isdir(hit) else [hit]) if not _ignored(f)]
+    if not found:
+        ignored = f" it does not ignore ({_IGNORED_NOTE})" if hits else ""
+        raise ValueError(f"input {pattern} matches no file{ignored}; give existing files, directories or globs")
+    return found
+
+
 def _unique_files(files: list[str]) -> list[str]:
-    """`files` without repeats, the first spelling kept: one local file reached twice (`./data/books`
-    and `data/books/a.txt`, or a symlink) would otherwise be read twice and weigh double."""
-    seen: set[str] = set()
-    kept = []
+    """`files` without repeats: one local file reached twice (`./data/books` and `data/books/a.txt`, or
+    a symlink) would otherwise be read twice and weigh double. Of its spellings the smallest is kept,
+    whatever the order of the inputs: the file's name becomes its documents' ids, which seed NSP and
+    masking."""
+    spelling: dict[str, str] = {}
     for path in files:
         key = path if "://" in path else os.path.realpath(path)
-        if key not in seen:
-            seen.add(key)
-            kept.append(path)
-    if len(kept) < len(files):
-        log.info("dropped %d repeated input file(s): the same file was named more than once", len(files) - len(kept))
-    return kept
+        spelling[key] = min(spelling.get(key, path), path)
+    if len(spelling) < len(files):
+        log.info("dropped %d repeated input file(s): the same file was named more than once", len(files) - len(spelling))
+    return list(spelling.values())
 
 
 class _ReadFileFn(beam.DoFn):

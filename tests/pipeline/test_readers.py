@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import logging
+import lzma
 import os
 import random
 import re
@@ -126,6 +127,38 @@ def test_binary_and_empty_files_are_skipped():
     assert [s.reason for s in skips] == ["empty_file"]
 
 
+def test_xz_reads_fully_and_other_archives_are_named_not_called_binary():
+    pages = [page(i, PROSE) for i in range(1, 7)]
+    multi = b"".join(lzma.compress(wiki(*pages[i : i + 3])) for i in (0, 3))  # `cat a.xz b.xz`
+    docs, skips, _ = read(multi)
+    assert [d.doc_id for d in docs] == [f"f.txt#{i}" for i in range(1, 7)] and not skips
+    docs, skips, _ = read(multi[:-40])
+    assert [s.reason for s in skips] == ["corrupt_compression"]
+    for magic, name in ((b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"), (b"7z\xbc\xaf\x27\x1c", "7z")):
+        _, skips, _ = read(magic + bytes(range(256)) * 8)
+        assert [(s.reason, s.detail.split(":")[0]) for s in skips] == [("unsupported_compression", name)]
+
+
+def test_a_record_over_the_cap_is_skipped_even_inside_one_read_chunk():
+    # --max-document-bytes was checked only when a record spanned a 1 MiB read: smaller ones passed.
+    big = " ".join([PROSE] * 100)  # 8.4 kB
+    jsonl = "\n".join(json.dumps({"id": i, "text": t}) for i, t in enumerate([PROSE, big, PROSE])) + "\n"
+    docs, skips, _ = read(jsonl.encode(), fmt="jsonl", max_bytes=2000)
+    assert [d.doc_id for d in docs] == ["f.txt:0", "f.txt:2"]
+    assert [(s.record_id, s.reason) for s in skips] == [("f.txt:2", "document_too_large")]
+    docs, skips, _ = read(wiki(page(1, PROSE), page(2, big), page(3, PROSE)), max_bytes=2000)
+    assert [d.doc_id for d in docs] == ["f.txt#1", "f.txt#3"]
+    assert [s.reason for s in skips] == ["document_too_large"]
+
+
+def test_a_file_with_nothing_in_the_forced_format_is_counted():
+    # A book under --format wiki-xml yielded no document and no skip: it vanished from the counts.
+    for fmt in ("wiki-xml", "wikiextractor"):
+        docs, skips, _ = read(("\n\n".join([PROSE] * 5)).encode(), fmt=fmt)
+        assert not docs and [(s.reason, s.detail) for s in skips] == [
+            ("no_document_in_format", f"nothing in it reads as {fmt} (--format)")]
+
+
 def test_huge_single_line_document_is_skipped_without_losing_others():
     huge = b"word " * (10_000_000 // 5)  # a 10 MB line, no newline inside
     data = PROSE.encode() + b"\n\n" + huge + b"\n\n" + PROSE.encode() + b"\nEnd here.\n"
@@ -215,7 +248,8 @@ def _lines_docs(n: int) -> list[list[str]]:
     return [[" ".join(rng.choice(words) for _ in range(15)).capitalize() + "." for _ in range(20)] for _ in range(n)]
 
 
-@pytest.mark.parametrize("compress", [lambda b: bz2.compress(b, 1), gzip.compress], ids=["bz2", "gzip"])
+@pytest.mark.parametrize("compress", [lambda b: bz2.compress(b, 1), gzip.compress, lzma.compress],
+                         ids=["bz2", "gzip", "xz"])
 def test_damage_near_the_end_keeps_the_documents_before_it_and_no_garbled_one(compress, monkeypatch):
     # 4.6 MB of text. Decoding a 1 MiB read in one call lost every document decoded in it when it
     # raised; and the decoders run on through garbled text before they notice (gzip: 64 zeroed
@@ -303,6 +337,22 @@ def test_one_file_reached_by_two_spellings_is_read_once(tmp_path, monkeypatch, c
     with caplog.at_level(logging.INFO, logger="pipeline.sources"):
         files = expand_inputs(["./books", "books/a.txt", "link.txt", "books/a.txt"])
     assert files == ["./books/a.txt", "./books/b.txt"] and "dropped 3 repeated input file(s)" in caplog.text
+    # The spelling kept names the documents (their ids seed NSP and masking): not the first one given.
+    assert expand_inputs(["link.txt", "books/a.txt", "./books"]) == files
+
+
+def test_a_glob_takes_the_files_under_the_directories_it_matches(tmp_path):
+    # `raw/*` over docs/download.md's layout: Beam's match returns files only, and the books went unread.
+    (tmp_path / "raw" / "gutenberg").mkdir(parents=True)
+    (tmp_path / "raw" / "enwiki-part1.xml.bz2").write_bytes(b"x")
+    (tmp_path / "raw" / "gutenberg" / "persuasion.txt").write_text(PROSE)
+    (tmp_path / "raw" / "gutenberg" / "download.json").write_text("{}")
+    (tmp_path / "raw" / "empty").mkdir()
+    assert [os.path.relpath(f, tmp_path) for f in expand_inputs([str(tmp_path / "raw" / "*")])] == [
+        "raw/enwiki-part1.xml.bz2", "raw/gutenberg/persuasion.txt"]
+    assert expand_inputs([str(tmp_path / "**" / "*.txt")]) == [str(tmp_path / "raw" / "gutenberg" / "persuasion.txt")]
+    with pytest.raises(ValueError, match="matches no file it does not ignore"):
+        expand_inputs([str(tmp_path / "raw" / "g*" / "*.json")])
 
 
 def test_prose_with_one_paragraph_per_line_is_not_taken_for_one_sentence_per_line(data_dir):

@@ -108,9 +108,10 @@ def test_loss_falls_under_zero(reference, stage):
 def test_sigkill_then_resume_is_bit_exact_and_resume_on_one_process_keeps_the_sample_order(
         small_corpus, reference, tmp_path):
     killed = tmp_path / "killed"
+    # TMPDIR: a SIGKILLed launcher cannot remove its temporary config; it is left in the test's folder.
     proc = subprocess.Popen(pretrain_cmd(small_corpus, killed, 2, 2), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)))
     try:
         wait_for(lambda: last_step(killed) >= SAVE_EVERY + 1, proc)
     finally:
