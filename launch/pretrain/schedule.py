@@ -34,3 +34,17 @@ def lr_multiplier(step: int, s: ScheduleSection) -> float:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, s: ScheduleSection) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_multiplier, s=s))
+
+
+def apply_after_load(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float, betas: tuple[float, float], eps: float,
+                     weight_decay: float) -> None:
+    """Put the run's own optimizer settings back after a checkpoint load, which restores the checkpoint's
+    into every parameter group and the schedule's peak lr; and the lr of the next update, which the load
+    left at the checkpoint's schedule (a run extended with --max-steps made its first update at the old
+    curve's end, lr 0). With unchanged settings this writes the values already there, to the bit.
+    Groups as `optimizers.param_groups` makes them: [decaying weights, the rest (no decay)]."""
+    groups = scheduler.optimizer.param_groups
+    scheduler.base_lrs = [lr] * len(groups)
+    for index, (group, fn) in enumerate(zip(groups, scheduler.lr_lambdas)):
+        group.update(betas=betas, eps=eps, weight_decay=weight_decay if index == 0 else 0.0)
+        group["lr"] = lr * fn(scheduler.last_epoch)

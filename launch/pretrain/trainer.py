@@ -31,7 +31,7 @@ from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile
 from launch.pretrain.launcher import free_port
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
-from launch.pretrain.schedule import build_scheduler
+from launch.pretrain.schedule import apply_after_load, build_scheduler
 from pipeline.corpus_info import open_corpus
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
 from pipeline.masking import derive_seed
@@ -193,11 +193,12 @@ class Trainer:
             if _dotted(meta["config"], key) != _dotted(mine, key):
                 raise ValueError(f"{key} differs from the checkpoint's ({_dotted(meta['config'], key)!r} there, "
                                  f"{_dotted(mine, key)!r} now); resume with the run's own setting")
-        if meta["config"].get("schedule") != mine["schedule"]:
-            # Allowed (extending a run with --max-steps is legitimate), but never silently: the lr
-            # from here on follows the new curve, not the one the checkpoint was trained on.
-            log.warning("schedule differs from the checkpoint's (%s there, %s now): from step %d the lr follows "
-                        "the new schedule", meta["config"].get("schedule"), mine["schedule"], meta["step"])
+        # Allowed (extending a run with --max-steps, lowering the lr after a spike), but never silently:
+        # from here on the lr follows the new curve, not the one the checkpoint was trained on.
+        changed = [f"{section}.{k} {there.get(k)!r} there, {v!r} now" for section in ("schedule", "optim")
+                   for there in [meta["config"].get(section, {})] for k, v in mine[section].items() if there.get(k) != v]
+        if changed:
+            log.warning("%s: from step %d the run follows its own settings", "; ".join(changed), meta["step"])
         # The corpus's content (shards, vocabulary, masking settings), not its manifest's bytes, which
         # also hold the paths it was built from and to; checkpoints before the content hash have only those.
         same = (meta["corpus_data_sha256"] == self.corpus.data_sha256 if "corpus_data_sha256" in meta
@@ -223,6 +224,8 @@ class Trainer:
         if path is None:
             raise ValueError(f"DeepSpeed could not load checkpoint {self.ckpt_dir / tag}")
         state = client["bertpipe"] if client and "bertpipe" in client else meta
+        o = self.cfg.optim
+        apply_after_load(self.scheduler, o.lr, (o.beta1, o.beta2), o.eps, o.weight_decay)
         self.step, self.position = int(state["step"]), int(state["position"])
         self.nonfinite_total = int(state.get("nonfinite_total", 0))
         if not load_rng(self.ckpt_dir, tag.removesuffix("_universal"), self.rank):

@@ -209,6 +209,31 @@ def test_resume_skips_a_cut_short_checkpoint_for_the_previous_one(run, small_cor
     assert metrics(out) == metrics(run)
 
 
+@pytest.mark.slow
+def test_resume_with_new_optimizer_settings_and_more_steps_uses_them_from_its_first_update(run, small_corpus, tmp_path):
+    """DeepSpeed's load put the checkpoint's lr, betas, eps and weight decay back, and the lr its old
+    schedule ended on: extended with --max-steps, the first update ran at lr 0 with the old peak lr."""
+    from launch.config import load_config
+    from launch.pretrain.pretrain_config import PretrainConfig
+    from launch.pretrain.schedule import lr_multiplier
+
+    out = copy_run(run, tmp_path / "run")
+    longer = [*TRAIN, "--max-steps", "12", "--optim.lr", "0.003", "--optim.beta2", "0.98"]
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *longer, "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("schedule.total_steps 8 there, 12 now; optim.lr 0.01 there, 0.003 now; optim.beta2 0.999 there, 0.98 now: "
+            "from step 8 the run follows its own settings") in done.stderr
+    cfg = load_config(PretrainConfig, str(out / "config.yaml"))
+    assert cfg.optim.lr == 0.003 and cfg.schedule.total_steps == 12
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r["lr"] for r in records if r["step"] > STEPS}
+    assert lrs == pytest.approx({s: 0.003 * lr_multiplier(s - 1, cfg.schedule) for s in range(9, 13)}, rel=1e-6)
+    optim_file = next((out / "checkpoints" / "global_step12").glob("*optim_states.pt"))
+    state = torch.load(optim_file, weights_only=False)  # written by this test's own run
+    groups = state["optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
+    assert [g["betas"] for g in groups] == [(0.9, 0.98)] * 2 and [g["weight_decay"] for g in groups] == [0.01, 0.0]
+
+
 def test_metadata_that_does_not_parse_names_its_file(run, tmp_path):
     out = copy_run(run, tmp_path / "run")
     meta = out / "checkpoints" / f"global_step{STEPS}" / "bertpipe.json"
