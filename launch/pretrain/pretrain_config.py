@@ -81,6 +81,10 @@ class OptimSection:
 class ScheduleSection:
     """Warmup (linear from 0) then decay to `min_lr_ratio * lr` at `total_steps`.
     decay: linear, poly (`power`; NVIDIA's BERT uses 0.5) or constant.
+    decay_over: `after_warmup` decays from the peak over the steps after warm-up (Hugging Face's
+      schedules); `run` evaluates the decay over the whole run from step 0, so the lr steps down from
+      the peak when warm-up ends (google-research/bert's `polynomial_decay` under its warm-up, NVIDIA's
+      PolyWarmUpScheduler: what the BERT presets use).
     warmup_steps: null = `warmup_ratio * total_steps`.
     """
 
@@ -89,6 +93,7 @@ class ScheduleSection:
     warmup_ratio: float = 0.01  # warm-up as a share of total_steps when warmup_steps is null
     decay: Literal["linear", "poly", "constant"] = "linear"
     power: float = 1.0  # exponent of the poly decay
+    decay_over: Literal["after_warmup", "run"] = "after_warmup"
     min_lr_ratio: float = 0.0  # the lr decays to this share of optim.lr
 
 

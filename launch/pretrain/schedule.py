@@ -26,8 +26,10 @@ def lr_multiplier(step: int, s: ScheduleSection) -> float:
         return (step + 1) / warm
     if s.decay == "constant":
         return 1.0
-    span = max(1, s.total_steps - warm)
-    progress = min(1.0, (step - warm) / span)
+    if s.decay_over == "run":
+        progress = min(1.0, step / max(1, s.total_steps))
+    else:
+        progress = min(1.0, (step - warm) / max(1, s.total_steps - warm))
     power = 1.0 if s.decay == "linear" else s.power
     return s.min_lr_ratio + (1.0 - s.min_lr_ratio) * (1.0 - progress) ** power
 

@@ -79,6 +79,21 @@ def test_schedule_warms_up_then_decays_to_zero():
     assert lr_multiplier(50, poly) == pytest.approx(0.5**0.5)
 
 
+def test_the_bert_presets_decay_over_the_whole_run_as_the_reference_does():
+    # NVIDIA's PolyWarmUpScheduler: lr * (1 - step/total)^0.5 after warm-up, so the lr steps down
+    # when warm-up ends; decaying from the peak over the rest gave phase 1 13.5% more lr in total.
+    p1 = load_config(PretrainConfig, "bert-large-phase1").schedule
+    warm = warmup_steps(p1)
+    assert warm == 2001 and p1.decay_over == "run"
+    assert lr_multiplier(warm - 1, p1) == 1.0
+    assert lr_multiplier(warm, p1) == pytest.approx((1 - warm / 7038) ** 0.5)
+    assert lr_multiplier(3519, p1) == pytest.approx(0.5**0.5)
+    for preset in ("bert-base", "bert-large-phase2"):
+        assert load_config(PretrainConfig, preset).schedule.decay_over == "run"
+    tiny = load_config(PretrainConfig, "tiny", ["schedule.total_steps=100", "schedule.warmup_steps=10"]).schedule
+    assert tiny.decay_over == "after_warmup" and lr_multiplier(10, tiny) == 1.0
+
+
 @pytest.mark.slow
 def test_cli_refuses_before_launching(small_corpus, tmp_path, capsys):
     base = ["pretrain", "--config", "tiny", "--data", str(small_corpus), "--out", str(tmp_path / "run")]
