@@ -169,7 +169,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: 
             kwargs["choices"] = [str(a) for a in typing.get_args(base)]
             kwargs["type"] = str
         elif base_origin in (list, tuple) or base in (list, tuple):
-            kwargs.update(nargs="+", type=_yaml_value, metavar="VALUE")
+            # A list of text (file names, globs) stays text: as YAML, `*.txt` was an alias, `notes #1.txt`
+            # lost its `#1.txt` as a comment and `Ali: Fear.txt` became a mapping.
+            item = (typing.get_args(base) or (None,))[0]
+            kwargs.update(nargs="+", type=str if item is str else _yaml_value, metavar="VALUE")
         elif base_origin is dict or base is dict:
             kwargs.update(nargs="+", type=_mapping_item, metavar="KEY=VALUE")
         else:

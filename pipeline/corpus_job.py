@@ -154,7 +154,7 @@ def _counters(result) -> dict[str, int]:
     return dict(sorted(totals.items()))
 
 
-def _clear_previous_output(out: str, vocab_source: str | None) -> None:
+def _clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | None) -> None:
     """Remove an earlier corpus's files from `out` (a rerun with fewer shards must not leave stale ones),
     but only where bertpipe provably wrote them: `out` holds our manifest or our unfinished-job folder.
     Anything else under a name the corpus writes (a vocab.txt of the user's) is refused, not overwritten."""
@@ -162,8 +162,19 @@ def _clear_previous_output(out: str, vocab_source: str | None) -> None:
         return
     names = [n for n in os.listdir(out) if n.endswith((".arrow", ".parquet")) and "-of-" in n
              or n in ("manifest.json", TMP, "dead_letter", "vocab.txt")]
-    if vocab_source and "vocab.txt" in names and _same_file(os.path.join(out, "vocab.txt"), vocab_source):
-        names.remove("vocab.txt")  # `--vocab OUT/vocab.txt`: written back unchanged
+    own_vocab = os.path.join(out, "vocab.txt")
+    if vocab_source and "vocab.txt" in names and _same_file(own_vocab, vocab_source):
+        # `--vocab OUT/vocab.txt`: kept as it is, so it must already be what the corpus would write.
+        with open(own_vocab, "rb") as f:
+            if f.read() != vocab_text.encode("utf-8"):
+                raise ValueError(f"--vocab {vocab_source} is --out's own vocab.txt, and the corpus would rewrite it "
+                                 "(it has a byte-order mark or CRLF line ends): pass a copy outside --out")
+        names.remove("vocab.txt")
+    elif "vocab.txt" in names and _built_with(os.path.join(out, "manifest.json"), own_vocab):
+        # The earlier corpus was built with `--vocab OUT/vocab.txt`: the user's file, never ours to delete.
+        raise ValueError(f"--out {out} holds the vocab.txt its earlier corpus was built with (--vocab {own_vocab}), "
+                         f"which bertpipe did not write: pass --vocab {own_vocab} to build with it again, "
+                         "or choose another --out")
     if not names:
         return
     if not (os.path.isdir(os.path.join(out, TMP)) or _is_our_manifest(os.path.join(out, "manifest.json"))):
@@ -179,6 +190,16 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # b is remote or gone
         return False
+
+
+def _built_with(manifest: str, vocab: str) -> bool:
+    """Whether the corpus whose manifest is `manifest` was built with `--vocab` naming the file `vocab`."""
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            source = json.load(f)["config"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(source, str) and _same_file(vocab, source)
 
 
 def _is_our_manifest(path: str) -> bool:
@@ -290,7 +311,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         lowercase = _lowercase(config, vocab_text)
         vocab_ids = _vocab_ids(vocab_text, config.vocab, lowercase)
     out = config.out.rstrip("/")
-    _clear_previous_output(out, config.vocab)
+    _clear_previous_output(out, config.vocab, vocab_text if config.vocab is not None else None)
     if not FileSystems.exists(out):
         FileSystems.mkdirs(out)
     tmp = FileSystems.join(out, TMP)
@@ -336,8 +357,9 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     shard_infos = sorted(_read_jsonl(FileSystems.join(tmp, "shards*")), key=lambda s: (s["split"] != "train", s["path"]))
     # Checked before the manifest is written: a failed corpus stays recognisably unfinished.
     _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files))
-    with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
-        f.write(vocab_text.encode("utf-8"))
+    if not (config.vocab and _same_file(os.path.join(out, "vocab.txt"), config.vocab)):  # else: already these bytes
+        with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
+            f.write(vocab_text.encode("utf-8"))
     cfg = dataclasses.asdict(config)
     cfg["lowercase"] = lowercase
     manifest = {

@@ -33,6 +33,7 @@ class Outer:
     count: Optional[int] = None  # how many; null = all
     fast: bool = False  # go fast
     items: list = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
     inner: Inner = field(default_factory=Inner)
 
 
@@ -40,6 +41,12 @@ def _parse(argv, **kwargs):
     parser = argparse.ArgumentParser()
     add_config_flags(parser, Outer, **kwargs)
     return parser, parser.parse_args(argv)
+
+
+def test_a_list_of_text_takes_file_names_as_they_are():
+    # Read as YAML, `*.txt` was an alias, `#` began a comment and `a: b` made a mapping.
+    names = ["*.txt", "notes #1.txt", "Ali: Fear.txt", "yes", "[ab]*.txt", "0123"]
+    assert config_from_args(_parse(["--files", *names])[1], Outer).files == names
 
 
 def test_field_docs_from_comments_and_docstring():

@@ -243,6 +243,17 @@ def test_corpus_never_overwrites_a_vocab_txt_it_did_not_write(tmp_path, data_dir
     assert cli.main(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--vocab", str(out / "vocab.txt"),
                      "--out", str(out), "--seq-len", "64", "--dupe-factor", "1", "--progress-seconds", "0"]) == 0
     assert (out / "vocab.txt").read_bytes() == bert_vocab and (out / "manifest.json").is_file()
+    # A later corpus there with another vocabulary would have deleted the user's file with the old corpus.
+    err = _fails(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--train-vocab-size", "500",
+                  "--out", str(out)], capsys)
+    assert f"holds the vocab.txt its earlier corpus was built with (--vocab {out / 'vocab.txt'})" in err
+    assert (out / "vocab.txt").read_bytes() == bert_vocab and (out / "manifest.json").is_file()
+    # As the --vocab it is never rewritten: with a byte-order mark it would be, so that is refused.
+    (out / "vocab.txt").write_bytes("\ufeff".encode() + bert_vocab)
+    err = _fails(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--vocab", str(out / "vocab.txt"),
+                  "--out", str(out)], capsys)
+    assert "is --out's own vocab.txt, and the corpus would rewrite it" in err
+    assert (out / "vocab.txt").read_bytes() == "\ufeff".encode() + bert_vocab
 
 
 def test_every_special_token_is_checked_before_the_previous_corpus_is_cleared(tmp_path, data_dir, capsys):
