@@ -222,6 +222,7 @@ def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int
         raise ValueError(f"{unk / tokens:.1%} of the {tokens:,} word pieces are [UNK] (limit --max-unk-share "
                          f"{config.max_unk_share}): the vocabulary does not fit this text. Pass the BERT WordPiece "
                          f"vocab.txt made for it (cased or uncased like the text) or --train-vocab-size N; "
+                         f"{'drop --no-lowercase if the vocab is uncased; ' if config.lowercase is False else ''}"
                          f"--max-unk-share 1 accepts it as it is")
 
 
