@@ -108,6 +108,9 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
     pos = hf.get("position_embedding_type", "absolute")
     if pos != "absolute":
         raise ValueError(f"position_embedding_type {pos!r} is not supported (only 'absolute')")
+    for flag in ("is_decoder", "add_cross_attention"):  # a decoder's causal or cross attention: not run here
+        if hf.get(flag):
+            raise ValueError(f"{flag} is true: a BERT decoder; only encoder checkpoints can be loaded")
     names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
              "max_position_embeddings", "type_vocab_size", "hidden_dropout_prob",
              "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range", "pad_token_id")

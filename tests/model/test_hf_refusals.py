@@ -70,6 +70,14 @@ def test_a_config_that_is_not_settings_is_refused_naming_it(tiny_checkpoint, tmp
     assert err.match(message)
 
 
+@pytest.mark.parametrize("flag", ["is_decoder", "add_cross_attention"])
+def test_a_bert_decoder_is_refused_not_run_as_an_encoder(tiny_checkpoint, tmp_path, flag):
+    ckpt = _copy(tiny_checkpoint, tmp_path / "ckpt")
+    _edit_config(ckpt, **{flag: True})
+    with pytest.raises(ValueError, match=f"{flag} is true: a BERT decoder; only encoder checkpoints"):
+        load_pretrained(BertModel, ckpt)
+
+
 def test_a_sharded_index_whose_weight_map_is_not_a_mapping_is_refused(tiny_checkpoint, tmp_path):
     ckpt = _copy(tiny_checkpoint, tmp_path / "ckpt")
     (ckpt / "model.safetensors").rename(ckpt / "model-00001-of-00001.safetensors")
