@@ -32,7 +32,8 @@ from model.bert import BertForPreTraining  # noqa: E402
 from model.config import BertConfig  # noqa: E402
 from model.losses import pretraining_loss, targets_showing_mask  # noqa: E402
 from pipeline.corpus_info import open_corpus  # noqa: E402
-from pipeline.loader import Collator, ShardedSplit  # noqa: E402
+from pipeline.collate import Collator  # noqa: E402
+from pipeline.loader import ShardedSplit  # noqa: E402
 from pipeline.masking import MaskingVocab  # noqa: E402
 
 

@@ -255,12 +255,17 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
     check_export_target(run_dir, out, overwrite)
     ckpt_dir = run_dir / "checkpoints"
     tag = tag if verified else select_checkpoint(ckpt_dir, tag)
+    meta = read_meta(ckpt_dir, tag)
+    lacking = [k for k in ("config", "bert_config") if not isinstance(meta.get(k), dict)]
+    if lacking:
+        raise ValueError(f"{ckpt_dir / tag / META} lacks {' and '.join(lacking)} (the run's settings and the "
+                         "model's shape); the checkpoint's metadata is damaged")
     from launch.pretrain.hf_export import write_export  # torch and DeepSpeed: only once there is work
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        write_export(ckpt_dir, tag, read_meta(ckpt_dir, tag), tmp, run_dir)
+        write_export(ckpt_dir, tag, meta, tmp, run_dir)
         marker = {"format": "bertpipe-export", "run": str(run_dir.resolve()), "tag": tag,
                   "checkpoint_sha256": _checkpoint_identity(ckpt_dir, tag),
                   "files": sorted(p.name for p in tmp.iterdir()) + [EXPORT_MARKER]}

@@ -68,7 +68,7 @@ class Unpadded:
     @classmethod
     def precomputed(cls, indices: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, batch: int,
                     seqlen: int) -> "Unpadded":
-        """A layout made on the CPU by the data loader (`pipeline.loader.unpadded_layout`): no sync."""
+        """A layout made on the CPU by the data loader (`pipeline.loader.add_unpadded_layout`): no sync."""
         if cu_seqlens.dtype != torch.int32 or cu_seqlens.shape != (batch + 1,):
             raise ValueError(f"cu_seqlens must be int32 of shape [{batch + 1}], got {cu_seqlens.dtype} "
                              f"{tuple(cu_seqlens.shape)}")

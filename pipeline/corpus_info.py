@@ -98,6 +98,10 @@ def _check_shard_list(path: Path, manifest: dict[str, Any]) -> None:
     if bad:
         raise ValueError(f"{path} lists shards of split(s) {', '.join(bad)}; expected {' or '.join(SPLITS)}; "
                          "rebuild the corpus")
+    paths = [s["path"] for s in shards]
+    twice = sorted({p for p in paths if paths.count(p) > 1})
+    if twice:  # one shard read twice, the one it replaced never
+        raise ValueError(f"{path} lists {twice[0]} more than once; a shard entry was edited by hand, rebuild the corpus")
     total = sum(s["num_instances"] for s in shards)
     if total != manifest["num_instances"]:
         raise ValueError(f"{path}: its shards hold {total} instances but num_instances says "

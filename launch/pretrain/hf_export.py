@@ -25,7 +25,6 @@ from typing import Any, Iterator
 
 import torch
 
-from launch.checkpoint_dirs import META
 from launch.pretrain.training_log import read_records
 from model.torch_files import load_torch_file
 from pipeline.vocab import Vocab
@@ -92,13 +91,10 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> d
 
 
 def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run_dir: Path) -> None:
-    """The HF files of checkpoint `tag` (its metadata `meta`, already read and verified) into `dest`."""
+    """The HF files of checkpoint `tag` (its metadata `meta`, already read and verified, with its `config`
+    and `bert_config`: `checkpoint_dirs.export_run` checks) into `dest`."""
     from model import BertConfig, BertForPreTraining, save_pretrained
 
-    lacking = [k for k in ("config", "bert_config") if not isinstance(meta.get(k), dict)]
-    if lacking:
-        raise ValueError(f"{ckpt_dir / tag / META} lacks {' and '.join(lacking)} (the run's settings and the "
-                         "model's shape); the checkpoint's metadata is damaged")
     vocab_file = ckpt_dir / tag / "vocab.txt"
     vocab = Vocab.read(vocab_file, lowercase=bool(meta.get("corpus", {}).get("lowercase", True)))
     trained = BertConfig(**meta["bert_config"])

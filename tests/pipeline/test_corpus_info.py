@@ -66,6 +66,7 @@ def test_bad_corpus_directories_are_refused_with_the_fix(corpus_copy):
     (lambda m: m["shards"][1].__setitem__("num_instances", "many"), "shard entry 1 lacks a valid num_instances"),
     (lambda m: m.__setitem__("shards", {"a": 1}), "shards must be a non-empty list"),
     (lambda m: m.pop("vocab_sha256"), "lacks vocab_sha256"),
+    (lambda m: m["shards"][1].__setitem__("path", m["shards"][0]["path"]), "lists train-00000-of-00002.arrow more than once"),
 ])
 def test_a_hand_edited_shard_list_is_refused_not_half_read(corpus_copy, edit, message):
     """An entry edited out of the manifest would drop its shard from training without a word."""
@@ -104,4 +105,17 @@ def test_shards_longer_than_the_manifest_says_are_refused_by_the_loader(corpus_c
     _edit_manifest(corpus_copy, seq_len=32)  # the shards hold seq-64 instances
     with pytest.raises(ValueError, match=r"train-00000-of-00002.arrow holds an instance of \d+ tokens, more than "
                                          r"manifest.json's seq_len 32"):
+        ShardedSplit(corpus_copy, "train")
+
+
+def test_a_shard_count_edited_in_the_manifest_is_refused_by_the_loader(corpus_copy):
+    # The epoch was sized from the rows and the checks from the manifest: with a count raised past the
+    # rows, the loader served one sample over and over.
+    m = json.loads((corpus_copy / "manifest.json").read_text())
+    first = m["shards"][0]
+    rows, first["num_instances"] = first["num_instances"], first["num_instances"] + 42
+    m["num_instances"] += 42
+    (corpus_copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=rf"shard .*{first['path']} holds {rows} instances where .*manifest.json "
+                                         rf"lists {rows + 42}; the manifest was edited"):
         ShardedSplit(corpus_copy, "train")

@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.loader import _PCG_INC, PretrainLoader, ShardedSplit, heldout_batches
+from pipeline.collate import PCG_INC
+from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
 from pipeline.loader_order import EpochPermutation
 from pipeline.masking import MaskingVocab, derive_seed, mask_tokens
 
@@ -167,7 +168,7 @@ def _reference_batch(split, ids, epochs, seed: int) -> dict[str, np.ndarray]:
         original[s["masked_lm_positions"]] = s["masked_lm_ids"]
         rng = np.random.Generator(np.random.PCG64(0))
         rng.bit_generator.state = {"bit_generator": "PCG64", "has_uint32": 0, "uinteger": 0, "state": {
-            "state": derive_seed("dynamic-mask", seed, int(e), int(k)), "inc": _PCG_INC}}
+            "state": derive_seed("dynamic-mask", seed, int(e), int(k)), "inc": PCG_INC}}
         masked = mask_tokens(original, rng=rng, vocab=vocab, masked_lm_prob=m["masked_lm_prob"],
                              max_predictions=m["max_predictions"], whole_word_mask=m["whole_word_mask"])
         rows.append((masked, s))
