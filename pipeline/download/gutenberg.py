@@ -216,6 +216,7 @@ def _fetch_book(
             tmp.write_bytes(data)
         except OSError as err:
             tmp.unlink(missing_ok=True)
+            raw_dest.unlink(missing_ok=True)  # ours; left, the rerun's download could not take its name
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(f"the disk filled up while writing {dest}; free some space and rerun the same command") from None
             raise

@@ -303,6 +303,15 @@ def _attempt(
             raise NotFoundError(url)
         if resp.status >= 400:
             raise _status_error(url, resp, policy)
+        length = resp.headers.get("Content-Length")
+        if resp.status != 206:
+            # Checked before a partial file is given up: an error page sent as 200 must not cost it.
+            if resp.headers.get("Content-Type", "").lower().startswith("text/html"):
+                raise DownloadError(f"{url} answered with an HTML page, not the file (an error, login or captive "
+                                    "portal page); check the --mirror, or try again later")
+            if expected_size is not None and length is not None and int(length) != expected_size:
+                raise DownloadError(f"{url} is {length} bytes but the dump's status file lists {expected_size}; the "
+                                    "mirror may be mid-sync: try again later or use another --mirror")
         if resp.status == 206:
             start = _content_range_start(resp.headers.get("Content-Range", ""))
             if start != offset:
@@ -316,7 +325,6 @@ def _attempt(
                 _restart(part, progress, offset)
                 offset = 0
             mode = "wb"
-        length = resp.headers.get("Content-Length")
         total = offset + int(length) if length is not None else expected_size
         if expected_size is not None and total is not None and total != expected_size:
             raise DownloadError(

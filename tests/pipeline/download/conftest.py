@@ -65,6 +65,7 @@ class MirrorServer:
     fail_status: dict[str, list[int]] = field(default_factory=dict)  # path -> statuses to answer first
     redirects: dict[str, str] = field(default_factory=dict)  # path -> where a 302 sends it
     stall_after: dict[str, int] = field(default_factory=dict)  # path -> bytes sent before the connection stalls
+    html_instead: set[str] = field(default_factory=set)  # paths answered 200 with an HTML error page
     release: threading.Event = field(default_factory=threading.Event)  # ends every stall (set at teardown)
     url: str = ""
 
@@ -107,6 +108,10 @@ def _handler(server: MirrorServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Retry-After", "0")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if path in server.html_instead:  # what a captive portal or a broken mirror sends
+                self._record(path, 200)
+                self._send(200, b"<html><body>Service unavailable</body></html>", {"Content-Type": "text/html"})
                 return
             if path not in server.files:
                 listing = self._listing(path)

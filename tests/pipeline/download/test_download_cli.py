@@ -7,10 +7,11 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
 
 from launch import cli
-
 from repo_paths import DATA
+
 FAST = ["--retries", "3", "--backoff", "0.01", "--timeout", "10", "--no-progress"]
 
 
@@ -254,26 +255,29 @@ def test_bad_arguments_are_clear(tmp_path: Path, capsys) -> None:
     assert rc == 2 and "writable directory" in err
 
 
-def test_download_on_a_full_disk_is_one_line_and_resumes_after_freeing_space(mirror, tmpfs, capsys) -> None:
+@pytest.mark.parametrize("size_kib", [400, 600])
+def test_download_on_a_full_disk_is_one_line_and_resumes_after_freeing_space(mirror, tmpfs, capsys, size_kib) -> None:
     """A real small tmpfs: the books do not fit (a dump's known size is refused before fetching; books
     have no size up front, so they meet the full disk mid-write); the message names the path; after
-    growing the mount the same command finishes and the books are exact."""
-    disk = tmpfs(400 * 1024)
+    growing the mount the same command finishes and the books are exact. At 600 KiB the download fits
+    and the stripped text does not: the download was left under its final name, and every rerun
+    skipped the book as "not ours to replace"."""
+    disk = tmpfs(size_kib * 1024)
     out = disk / "raw"
     argv = ["download", "books", "--ids", "105", "121", "--out", str(out), "--mirror", mirror.url, "--jobs", "1", *FAST]
     rc, _, err = _run(argv, capsys)
     assert rc != 0
     lines = [line for line in err.splitlines() if line.strip() and " INFO " not in line and " WARNING " not in line]
-    assert len(lines) == 1 and "no space left on device while writing" in lines[0] and str(disk) in lines[0], err
+    assert len(lines) == 1 and str(disk) in lines[0], err
+    assert "no space left on device while writing" in lines[0] or "the disk filled up while writing" in lines[0], err
     tmpfs.resize(disk, 64 * 1024 * 1024)
     rc, _, err = _run(argv, capsys)
-    assert rc == 0, err
+    assert rc == 0 and "skipped #" not in err, err
     assert (out / "gutenberg" / "105.txt").read_text(encoding="utf-8") == (DATA / "books" / "persuasion.txt").read_text(encoding="utf-8")
     assert (out / "gutenberg" / "121.txt").read_text(encoding="utf-8") == (DATA / "books" / "northangerabbey.txt").read_text(encoding="utf-8")
 
 
 def test_a_download_manifest_of_the_wrong_shape_is_named_not_a_traceback(tmp_path):
-    import pytest
 
     from pipeline.download.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, read_manifest
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.download.checksums import parse_checksum_list
-from pipeline.download.errors import ChecksumMismatchError, DiskFullError, NetworkError, NotFoundError
+from pipeline.download.errors import ChecksumMismatchError, DiskFullError, DownloadError, NetworkError, NotFoundError
 import threading
 
 from pipeline.download.http import ByteProgress, Cancelled, RetryPolicy, fetch, part_path
@@ -65,6 +65,27 @@ def test_interrupted_run_leaves_a_part_file_that_the_next_run_resumes(mirror, tm
     result = fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=FAST)
     assert result.resumed_from == cut and dest.read_bytes() == mirror.files[PATH]
     assert mirror.requests_for(PATH)[-1].range == f"bytes={cut}-"
+
+
+def test_an_error_page_sent_as_200_keeps_the_part_file(mirror, tmp_path: Path) -> None:
+    # The partial file was deleted before the answer was checked: hours of a 20 GB dump lost to one page.
+    size, sums = _published(mirror)
+    cut = 300_001
+    mirror.cut_after[PATH] = cut
+    dest = tmp_path / "dump.xml.bz2"
+    no_retry = RetryPolicy(max_retries=0, timeout_s=10)
+    with pytest.raises(NetworkError):
+        fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=no_retry)
+    mirror.html_instead.add(PATH)
+    with pytest.raises(DownloadError, match="answered with an HTML page, not the file"):
+        fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=no_retry)
+    assert part_path(dest).stat().st_size == cut
+    # A whole-file answer of the wrong size (a mirror mid-sync) keeps it too.
+    mirror.html_instead.clear()
+    mirror.files[PATH] += b"more"
+    with pytest.raises(DownloadError, match=f"is {size + 4} bytes but the dump's status file lists {size}"):
+        fetch(mirror.url + PATH, dest, expected_size=size, checksums=sums, policy=no_retry)
+    assert part_path(dest).stat().st_size == cut
 
 
 def test_cancel_stops_a_transfer_and_keeps_the_part_file(mirror, tmp_path: Path) -> None:
