@@ -278,7 +278,6 @@ def test_download_on_a_full_disk_is_one_line_and_resumes_after_freeing_space(mir
 
 
 def test_a_download_manifest_of_the_wrong_shape_is_named_not_a_traceback(tmp_path):
-
     from pipeline.download.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, read_manifest
 
     path = tmp_path / MANIFEST_NAME
