@@ -16,16 +16,27 @@ def only_writer(dest: Path) -> Iterator[None]:
     """One process per file: two appending to one `.part` corrupt it (a second run found 3,020,000
     bytes where the mirror lists 3,000,000)."""
     lock = dest.with_name(f".{dest.name}.lock")
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DownloadError(f"{dest.name} is being downloaded into {dest.parent} by another process; wait for "
-                                "it to finish, or stop it and rerun (the download resumes)") from None
-        try:
-            yield
-        finally:
-            lock.unlink(missing_ok=True)
+    for _ in range(3):
+        with open(lock, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DownloadError(f"{dest.name} is being downloaded into {dest.parent} by another process; wait "
+                                    "for it to finish, or stop it and rerun (the download resumes)") from None
+            # The holder removes the lock file as it leaves: a lock taken on the file it removed (opened just
+            # before) is no lock, as a newcomer locks a new file under the name. Take the one the name holds.
+            try:
+                current = os.path.samestat(os.fstat(f.fileno()), os.stat(lock))
+            except FileNotFoundError:
+                current = False
+            if not current:
+                continue
+            try:
+                yield
+            finally:
+                lock.unlink(missing_ok=True)
+            return
+    raise DownloadError(f"{dest.name}: could not take its download lock {lock}; rerun")
 
 
 def publish(part: Path, dest: Path) -> None:

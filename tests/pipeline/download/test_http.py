@@ -273,3 +273,47 @@ def test_one_download_per_file_and_never_over_a_file_that_appears_meanwhile(mirr
     with pytest.raises(ExistingFileError, match="appeared while it was being downloaded"):
         fetch(mirror.url + PATH, dest, policy=FAST, progress=UserWritesDest(None, enabled=False))
     assert dest.read_text() == "the user's own file" and part_path(dest).stat().st_size == len(mirror.files[PATH])
+
+
+def test_a_lock_taken_on_the_file_its_holder_just_removed_is_no_lock(tmp_path: Path, monkeypatch) -> None:
+    """B opens the lock file, is descheduled while A finishes and removes it, then C locks a new file
+    under the name: B's flock on the removed file succeeded, and B and C both wrote."""
+    import fcntl
+
+    from pipeline.download import publish
+    from pipeline.download.errors import DownloadError
+
+    real_flock = fcntl.flock
+
+    class SlowForB:
+        def __getattr__(self, name):
+            return getattr(fcntl, name)
+
+        @staticmethod
+        def flock(f, op):
+            if threading.current_thread().name == "B" and not getattr(threading.current_thread(), "slept", False):
+                threading.current_thread().slept = True
+                time.sleep(0.5)  # between open() and flock(), as a scheduler may
+            return real_flock(f, op)
+
+    monkeypatch.setattr(publish, "fcntl", SlowForB())
+    dest, inside, most, refused = tmp_path / "x.bz2", [0], [0], []
+
+    def writer(hold: float, wait: float = 0.0) -> None:
+        time.sleep(wait)
+        try:
+            with publish.only_writer(dest):
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                time.sleep(hold)
+                inside[0] -= 1
+        except DownloadError:
+            refused.append(threading.current_thread().name)
+
+    threads = [threading.Thread(target=writer, args=args, name=name)
+               for name, args in (("A", (0.2,)), ("B", (1.0, 0.05)), ("C", (0.5, 0.4)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and refused == ["B"]
