@@ -24,15 +24,17 @@ class MlmBaseline:
     no_context: float  # held-out accuracy of: the commonest train target at [MASK], the visible token elsewhere
     unigram: float  # held-out accuracy of always the commonest train target
     masked_share: float  # share of held-out targets that show [MASK] (the rest show a token)
+    unigram_at_mask: float  # the same as `unigram`, at the targets that show [MASK] only
 
 
-def no_context_mlm_accuracy(corpus: CorpusInfo | str | Path) -> MlmBaseline:
+def no_context_mlm_accuracy(corpus: CorpusInfo | str | Path, max_samples: int | None = None) -> MlmBaseline:
     """The no-context levels of the corpus's held-out split, under its static masks (those the
-    pre-training evaluation scores)."""
+    pre-training evaluation scores); `max_samples`: of its first instances only, as a run's
+    evaluation takes them (`log.eval_samples`, `pipeline.loader.heldout_batches`)."""
     corpus = corpus if isinstance(corpus, CorpusInfo) else open_corpus(corpus)
     mask_id = corpus.vocab.tokens.index("[MASK]")
     heldout = ShardedSplit(corpus, "heldout")
-    samples = heldout.samples(np.arange(len(heldout)))
+    samples = heldout.samples(np.arange(min(len(heldout), max_samples or len(heldout))))
     targets = [s["masked_lm_ids"] for s in samples]
     if not sum(len(t) for t in targets):
         raise ValueError(f"{corpus.dir} has no held-out masked tokens; build it with --heldout-fraction > 0")
@@ -42,4 +44,4 @@ def no_context_mlm_accuracy(corpus: CorpusInfo | str | Path) -> MlmBaseline:
     masked = shown == mask_id
     hits = np.where(masked, target == common, shown == target)
     return MlmBaseline(no_context=float(hits.mean()), unigram=float(np.mean(target == common)),
-                       masked_share=float(masked.mean()))
+                       masked_share=float(masked.mean()), unigram_at_mask=float(np.mean(target[masked] == common)))

@@ -91,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     corpus, run_dir, hf_dir, sweep_dir = out / "corpus", out / "run", out / "hf_model", out / "sweep"
     if args.fresh and out.exists():
         _clear_previous_demo(out)
+    done_steps = _exported_steps(hf_dir)
+    if done_steps is not None and done_steps != args.steps:
+        raise CliError(f"{out} holds a demo pre-trained for {done_steps} steps, not --steps {args.steps}: pass "
+                       f"--fresh to pre-train again (it deletes only what the demo wrote), or --steps {done_steps}")
     mark_output(out, MARKER, "demo")  # what lets a rerun reuse, and --fresh delete, the demo's own files
 
     if not (corpus / "manifest.json").is_file():
@@ -132,27 +136,41 @@ def run(args: argparse.Namespace) -> int:
         print(init_comparison(json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))["trials"]))
         print("where pre-training from scratch on this corpus starts to pay (a 4-layer model, 1,000-2,000x this compute, "
               "on a GPU): docs/RESULTS.md, 'On a GPU'")
-    print(f"\nDemo finished. Everything is under {out}/: corpus/, run/, hf_model/, loss.png, sweep/")
+    print(f"\nDemo finished. Everything is under {out}/: corpus/, run/, hf_model/, loss.png"
+          + ("" if args.skip_sweep else ", sweep/"))
     return 0
+
+
+def _exported_steps(hf_dir: Path) -> int | None:
+    """The step of the checkpoint an earlier demo exported to `hf_dir` (None: nothing exported yet)."""
+    from launch.checkpoint_dirs import EXPORT_MARKER, tag_step
+
+    try:
+        return tag_step(json.loads((hf_dir / EXPORT_MARKER).read_text(encoding="utf-8"))["tag"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _mlm_summary(run_dir: Path, corpus: Path) -> str:
     """The run's last held-out MLM accuracy beside what a model using no context scores on the same
     targets (pipeline/mlm_baseline.py: the unigram rate alone would flatter a model that only copies)."""
+    from launch.config import load_config
+    from launch.pretrain.pretrain_config import PretrainConfig
     from launch.pretrain.training_log import read_metrics
     from pipeline.mlm_baseline import no_context_mlm_accuracy
 
     evals = [e for e in read_metrics(run_dir) if "eval_mlm_accuracy" in e]
     if not evals:
         return "pre-training: no held-out evaluation was logged"
-    last, level = evals[-1], no_context_mlm_accuracy(corpus)
+    scored = load_config(PretrainConfig, str(run_dir / "config.yaml")).log.eval_samples  # the instances it scored
+    last, level = evals[-1], no_context_mlm_accuracy(corpus, max_samples=scored)
     at_mask = last.get("eval_mlm_accuracy_at_mask")
     return (f"pre-training: held-out MLM accuracy {100 * last['eval_mlm_accuracy']:.1f}% after {last['step']} steps; "
             f"a model that uses no context scores {100 * level.no_context:.1f}% (the commonest token where "
             f"[MASK] shows, the visible token at the {100 * (1 - level.masked_share):.0f}% of targets BERT leaves "
             f"visible; the commonest token alone: {100 * level.unigram:.1f}%)"
             + ("" if at_mask is None else f"\npre-training: where [MASK] shows, only context can help: "
-               f"{100 * at_mask:.1f}% right, against {100 * level.unigram:.1f}% for always the commonest token"))
+               f"{100 * at_mask:.1f}% right, against {100 * level.unigram_at_mask:.1f}% for always the commonest token"))
 
 
 def init_comparison(trials: list[dict]) -> str:

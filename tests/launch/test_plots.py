@@ -36,6 +36,10 @@ def test_smoothing_is_debiased_and_follows_the_trend():
     noisy = [10 - i / 10 + (1 if i % 2 else -1) for i in range(100)]
     smoothed = smooth(noisy)
     assert np.std(np.diff(smoothed)) < 0.2 * np.std(np.diff(noisy))
+    # The window follows the curve's length: on 60 points it stays near the trend's end, where a fixed
+    # 0.9 (ten points) lagged by 0.9 here.
+    falling = [10 - i / 10 for i in range(60)]
+    assert abs(smooth(falling)[-1] - falling[-1]) < 0.25 < abs(smooth(falling, 0.9)[-1] - falling[-1])
 
 
 def test_loss_png_has_both_panels_and_is_titled_with_what_was_trained(run_dir, tmp_path):

@@ -36,6 +36,12 @@ def test_no_context_level_counts_the_targets_bert_leaves_visible(small_corpus, t
     assert level.no_context == pytest.approx(kept.mean() + np.mean(masked & (target == common)))
     assert level.no_context > level.unigram + 0.05
     assert ShardedSplit(small_corpus, "train").masked_token_counts().sum() == len(train)
+    assert level.unigram_at_mask == pytest.approx(np.mean(target[masked] == common))
+
+    # On the first instances only, as a run's evaluation scores them (log.eval_samples).
+    first = ShardedSplit(small_corpus, "heldout").samples(np.arange(40))
+    few = np.concatenate([s["masked_lm_ids"] for s in first])
+    assert no_context_mlm_accuracy(small_corpus, max_samples=40).unigram == pytest.approx(np.mean(few == common))
 
     # A corpus without a held-out split: told how to build one.
     import shutil

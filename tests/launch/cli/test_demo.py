@@ -57,3 +57,8 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     assert "demo: bertpipe pretrain" not in again.stderr and "demo: bertpipe corpus --input" not in again.stderr
     assert "2 of 2 trials already finished, 0 to run" in again.stderr
     assert "| System | SST-2 | Average |" in again.stdout
+    # Other --steps: refused before any work, not answered with the 20-step model's numbers.
+    other = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "30", "--seeds", "1"],
+                           capture_output=True, text=True, timeout=900)
+    assert other.returncode == 2 and "holds a demo pre-trained for 20 steps, not --steps 30" in other.stderr
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept} == stamps
