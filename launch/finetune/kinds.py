@@ -243,6 +243,9 @@ class UserTagTask(_TagTask):
             raise DataError(f"{paths['train']}: tag scores entities, so tags are O or B-/I-/E-/S- and a type "
                             f"(B-PER, I-PER); {plain[:5]} are not; per-token classes such as POS tags are not supported")
         labels = tuple(["O"] + [t for t in tags if t != "O"]) if "O" in tags else tuple(tags)
+        if len(labels) < 2:  # else the model refused one class, blamed on the checkpoint
+            raise DataError(f"{paths['train']}: every tag is {labels[0]!r}; tagging needs at least one entity "
+                            "tag (B-PER, I-PER, ...) besides O")
         userdata.check_tags(dev, labels, paths["dev"])
         evals = [Split("dev", [ex for _, ex in dev], True)]
         if paths["test"] is not None:

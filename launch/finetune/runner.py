@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -76,9 +77,22 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
 
 
 def linear_schedule(warmup: int, steps: int) -> ScheduleSection:
-    """Linear warm-up over `warmup` steps to the peak, then linear decay to 0 at `steps` (the BERT
-    reference schedule): pre-training's schedule (`launch.pretrain.schedule`) with these settings."""
+    """Linear warm-up over `warmup` steps to the peak, then linear decay from the peak to 0 at `steps`:
+    transformers' `get_linear_schedule_with_warmup` (run_glue's), except that the first update already
+    uses peak/warmup; google-research/bert decays over the whole run instead (0.9 x peak when a 10%
+    warm-up ends). Pre-training's schedule (`launch.pretrain.schedule`) with these settings."""
     return ScheduleSection(total_steps=steps, warmup_steps=warmup, decay="linear", min_lr_ratio=0.0)
+
+
+def checkpoint_labels(hf_dir: Path) -> list[str] | None:
+    """The label names a checkpoint's classifier was trained for (`id2label` in config.json, by
+    output index); None when it names none or only transformers' placeholders (LABEL_0, ...)."""
+    try:
+        id2label = json.loads((Path(hf_dir) / "config.json").read_text(encoding="utf-8")).get("id2label")
+        names = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return None if all(re.fullmatch(r"LABEL_\d+", n) for n in names) else names
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
@@ -145,6 +159,8 @@ class Finetuner:
             raise DataError(f"cannot load checkpoint {cfg.checkpoint}: {err}") from None
         if report.unexpected_keys and not report.initialized_heads:
             logger.warning("checkpoint tensors ignored: %s", report.unexpected_keys[:8])
+        if "classifier" not in report.initialized_heads:
+            self._align_head_labels(model)
         if cfg.init == "random":  # the baseline without pre-training: same shapes and vocabulary, fresh weights
             from model.bert import init_weights
 
@@ -157,6 +173,30 @@ class Finetuner:
             for p in model.bert.parameters():
                 p.requires_grad_(False)
         self.model = model.to(self.device)
+
+    def _align_head_labels(self, model: torch.nn.Module) -> None:
+        """A classifier head from the checkpoint keeps what its outputs mean (transformers' run_glue does
+        the same): rows reordered where the checkpoint names the task's labels in another order (an MNLI
+        model from elsewhere), a fresh head where it names other labels (an RTE model fine-tuned on SST-2
+        used to start from the RTE head without a word)."""
+        labels = list(self.data.labels or ())
+        theirs = checkpoint_labels(self.ckpt.hf_dir)
+        classifier = getattr(model, "classifier", None)
+        if not labels or theirs is None or theirs == labels or getattr(classifier, "out_features", 0) != len(labels):
+            return
+        if sorted(theirs) == sorted(labels):
+            order = [theirs.index(name) for name in labels]
+            with torch.no_grad():
+                classifier.weight.copy_(classifier.weight[order])
+                classifier.bias.copy_(classifier.bias[order])
+            logger.info("the checkpoint's classifier orders its labels %s: rows reordered to %s", theirs, labels)
+            return
+        from model.heads import init_head
+
+        torch.manual_seed(self.cfg.seed)  # the same fresh head for every run of this seed
+        init_head(classifier, model.bert.config)
+        logger.warning("the checkpoint's classifier was trained for labels %s, not %s: it starts from a fresh "
+                       "draw", theirs, labels)
 
     # -- training ----------------------------------------------------------------------------------------
 
@@ -209,7 +249,9 @@ class Finetuner:
             for batch in loader:
                 loss = self.batch_loss(batch)
                 if not math.isfinite(loss.item()):
-                    raise FloatingPointError(f"loss became {loss.item()} at epoch {epoch}; lower the learning rate")
+                    # A ValueError: the CLI says it in one line and a sweep records the trial as failed, not crashed.
+                    raise ValueError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
+                                     "diverged; lower the learning rate (--lr) or keep --max-grad-norm")
                 loss.backward()
                 if cfg.max_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)

@@ -206,6 +206,17 @@ def test_bad_data_and_settings_are_cli_errors(tiny_checkpoint, tmp_path, capsys)
     assert "--lr must be positive" in err
     err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--set", "warmpu=0.1", *base], capsys)
     assert "unknown config key(s) warmpu" in err
+    # Divergence: one line (it was a FloatingPointError traceback), epochs counted from 1 as the logs do.
+    err = _error(["finetune", "--task", "stsb", "--data-dir", str(GLUE), "--lr", "1e30", "--max-grad-norm", "0",
+                  "--warmup", "0", "--max-train-samples", "64", "--max-eval-samples", "8", "--batch-size", "8",
+                  "--no-progress", *base], capsys)
+    assert "at epoch 1, step" in err and "training diverged; lower the learning rate" in err
+    only_o = tmp_path / "only_o"
+    only_o.mkdir()
+    for split in ("train", "dev"):
+        (only_o / f"{split}.jsonl").write_text(json.dumps({"text": ["a", "b"], "label": ["O", "O"]}) + "\n")
+    err = _error(["finetune", "--task", "tag", "--data-dir", str(only_o), *base], capsys)
+    assert "every tag is 'O'; tagging needs at least one entity tag" in err and "checkpoint" not in err
 
 
 def test_out_never_writes_over_what_bertpipe_did_not_write(tiny_checkpoint, tmp_path, capsys):
@@ -224,3 +235,35 @@ def test_out_never_writes_over_what_bertpipe_did_not_write(tiny_checkpoint, tmp_
     finetune("sst2", GLUE, tiny_checkpoint, out)  # its own output: rewritten
     (out / ".bertpipe-finetune").unlink()  # as written before the marker existed
     finetune("sst2", GLUE, tiny_checkpoint, out)
+
+
+def test_a_fine_tuned_head_keeps_the_meaning_of_its_labels(tiny_checkpoint, tmp_path, capsys):
+    """An RTE model fine-tuned on SST-2 started from the RTE head; a checkpoint naming the same labels in
+    another order (transformers' MNLI) kept rows that meant other classes."""
+    from safetensors.torch import load_file
+
+    from launch.finetune.finetune_config import FinetuneConfig
+    from launch.finetune.runner import Finetuner
+
+    rte = tmp_path / "rte"
+    finetune("rte", GLUE, tiny_checkpoint, rte)
+    saved = load_file(rte / "model" / "model.safetensors")["classifier.weight"]
+
+    def head(task: str, ckpt: Path) -> torch.Tensor:
+        cfg = FinetuneConfig(task=task, data_dir=str(GLUE), checkpoint=str(ckpt), out=str(tmp_path / f"o-{ckpt.name}"),
+                             max_train_samples=8, max_eval_samples=8, progress=False, tensorboard=False)
+        run = Finetuner(cfg)
+        run.prepare()
+        return run.model.classifier.weight.detach()
+
+    assert torch.equal(head("rte", rte / "model"), saved)  # its own labels: kept as trained
+    capsys.readouterr()
+    fresh = head("sst2", rte / "model")  # logged through the handler the CLI run above installed
+    message = "trained for labels ['entailment', 'not_entailment'], not ['0', '1']: it starts from a fresh draw"
+    assert message in capsys.readouterr().err
+    assert not torch.equal(fresh, saved)
+    swapped = Path(shutil.copytree(rte / "model", tmp_path / "swapped"))
+    config = json.loads((swapped / "config.json").read_text())
+    config["id2label"] = {"0": "not_entailment", "1": "entailment"}
+    (swapped / "config.json").write_text(json.dumps(config))
+    assert torch.equal(head("rte", swapped), saved.flip(0))  # rows follow the names
