@@ -61,7 +61,7 @@ class FinetuneConfig:
     adam_epsilon: float = 1e-6  # AdamW epsilon (the paper's code: 1e-6; transformers' default: 1e-8)
     max_grad_norm: float = 1.0  # gradient clipping (0 = off)
     seed: int = 42  # random seed of the head's init and the data order
-    max_seq_len: int = 128  # maximum tokens per input
+    max_seq_len: int | None = None  # maximum tokens per input; null: 384 for squad (the paper's, as run_squad), else 128
     max_train_samples: int | None = None  # train on a fixed random subset of N examples (the same for every seed)
     max_eval_samples: int | None = None  # evaluate on a fixed random subset of N labelled examples (test files are predicted whole)
     skip_malformed: bool = False  # count and skip malformed lines instead of stopping at the first
@@ -90,6 +90,10 @@ class FinetuneConfig:
     init: Literal["checkpoint", "random"] = "checkpoint"  # random: the checkpoint's architecture and vocabulary with fresh weights (the control that shows what pre-training adds)
     eval_every_epoch: bool = True  # evaluate on dev after every epoch (OUT/log_history.json, learning_curve.png)
     tensorboard: bool = True  # TensorBoard scalars in OUT/tensorboard/ (loss, lr per step; dev metrics per epoch)
+
+    def __post_init__(self) -> None:
+        if self.max_seq_len is None:  # resolved here, so the config a run saves says what it ran
+            self.max_seq_len = 384 if self.task == "squad" else 128
 
     def validate(self) -> None:
         """Refuse settings that cannot train, naming the flag to change."""

@@ -282,7 +282,8 @@ def run_sweep(
         raise ValueError("--seeds must be at least 1")
     base = to_dict(FinetuneConfig(task=tasks[0], data_dir=str(Path(data_dir).resolve()),
                                   checkpoint=str(Path(checkpoint).resolve()), out=str(out)))
-    base.update({"save_model": False, "progress": False})
+    # max_seq_len null unless given: each trial's config resolves its task's own (384 for SQuAD, 128 else).
+    base.update({"save_model": False, "progress": False, "max_seq_len": None})
     base.update(overrides or {})
     if base.get("threads") is None:  # torch in a trial uses the CPUs Ray reserved for it, no more
         base["threads"] = max(1, int(cpus_per_trial))

@@ -295,3 +295,16 @@ def _stop_cluster(head: subprocess.Popen, temp: str) -> None:
         except subprocess.TimeoutExpired:
             pass
         time.sleep(2)
+
+
+def test_each_trial_gets_its_own_tasks_default_sequence_length():
+    # SQuAD's is the paper's 384, the others' 128; the base built for the first task set it for all.
+    from launch.config import from_dict
+    from launch.finetune.finetune_config import FinetuneConfig
+
+    assert FinetuneConfig(task="squad").max_seq_len == 384 and FinetuneConfig(task="sst2").max_seq_len == 128
+    base = {"max_seq_len": None, "data_dir": "d", "checkpoint": "c"}
+    for task, length in (("squad", 384), ("sst2", 128)):
+        settings = _settings(base, {"task": task, "seed": 1, "index": 0}, Path("trials"))
+        assert from_dict(FinetuneConfig, settings).max_seq_len == length
+    assert FinetuneConfig(task="squad", max_seq_len=256).max_seq_len == 256
