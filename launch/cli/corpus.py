@@ -4,8 +4,9 @@
   bertpipe corpus inspect DIR [--verify]
 
 Inputs: files, directories (recursive; hidden, *.json, *.part, checksum files skipped) and globs on
-any Beam filesystem; gzip/bz2 (multistream too) are read transparently. Formats: MediaWiki XML
-dumps, plain-text books, one-sentence-per-line text, JSONL with a "text" field.
+any Beam filesystem (a directory a glob matches is read recursively too); gzip/bz2/xz (multistream
+too) are read transparently. Formats: MediaWiki XML dumps, plain-text books, one-sentence-per-line
+text, JSONL with a "text" field, WikiExtractor output.
 
 Runs locally on Beam's FnApiRunner by default (--direct_num_workers=N for N processes). Any other
 Beam option passes through unchanged, e.g.
