@@ -57,6 +57,7 @@ class FinetuneConfig:
     eval_batch_size: int = 64  # evaluation batch size
     epochs: int = 3  # training epochs (paper grid: 2, 3, 4)
     warmup: float = 0.1  # fraction of steps with linear warm-up, then linear decay
+    decay_over: Literal["after_warmup", "run"] = "after_warmup"  # the decay from the peak over the steps after warm-up (transformers' run_glue), or over the whole run (google-research/bert's run_classifier: 0.9 x peak when a 10% warm-up ends)
     weight_decay: float = 0.01  # AdamW weight decay, not on biases and LayerNorm
     adam_epsilon: float = 1e-6  # AdamW epsilon (the paper's code: 1e-6; transformers' default: 1e-8)
     max_grad_norm: float = 1.0  # gradient clipping (0 = off)

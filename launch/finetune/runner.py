@@ -76,12 +76,14 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
     return [{k: v for k, v in g.items() if k != "layer_adaptation"} for g in param_groups(model, weight_decay)]
 
 
-def linear_schedule(warmup: int, steps: int) -> ScheduleSection:
-    """Linear warm-up over `warmup` steps to the peak, then linear decay from the peak to 0 at `steps`:
-    transformers' `get_linear_schedule_with_warmup` (run_glue's), except that the first update already
-    uses peak/warmup; google-research/bert decays over the whole run instead (0.9 x peak when a 10%
-    warm-up ends). Pre-training's schedule (`launch.pretrain.schedule`) with these settings."""
-    return ScheduleSection(total_steps=steps, warmup_steps=warmup, decay="linear", min_lr_ratio=0.0)
+def linear_schedule(warmup: int, steps: int, decay_over: str = "after_warmup") -> ScheduleSection:
+    """Linear warm-up over `warmup` steps to the peak, then linear decay to 0 at `steps`: from the peak
+    over the steps after warm-up (`after_warmup`, transformers' `get_linear_schedule_with_warmup` as in
+    run_glue, except that the first update already uses peak/warmup), or over the whole run (`run`,
+    google-research/bert's run_classifier: 0.9 x peak when a 10% warm-up ends). Pre-training's schedule
+    (`launch.pretrain.schedule`) with these settings."""
+    return ScheduleSection(total_steps=steps, warmup_steps=warmup, decay="linear", min_lr_ratio=0.0,
+                           decay_over=decay_over)
 
 
 def checkpoint_labels(hf_dir: Path) -> list[str] | None:
@@ -95,9 +97,9 @@ def checkpoint_labels(hf_dir: Path) -> list[str] | None:
     return None if all(re.fullmatch(r"LABEL_\d+", n) for n in names) else names
 
 
-def lr_factor(step: int, warmup: int, steps: int) -> float:
+def lr_factor(step: int, warmup: int, steps: int, decay_over: str = "after_warmup") -> float:
     """Multiplier of the peak lr at optimizer step `step` (0-based)."""
-    return lr_multiplier(step, linear_schedule(warmup, steps))
+    return lr_multiplier(step, linear_schedule(warmup, steps, decay_over))
 
 
 class Finetuner:
@@ -234,7 +236,7 @@ class Finetuner:
         loader = self.train_batches(torch.Generator().manual_seed(cfg.seed))
         steps = cfg.epochs * len(loader)
         opt = self.optimizer()
-        sched = build_scheduler(opt, linear_schedule(int(cfg.warmup * steps), steps))
+        sched = build_scheduler(opt, linear_schedule(int(cfg.warmup * steps), steps, cfg.decay_over))
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc=f"finetune {self.task.name}", unit="step", disable=not cfg.progress, dynamic_ncols=True)

@@ -27,6 +27,22 @@ def test_lr_schedule_linear_warmup_then_linear_decay():
     assert lr_factor(0, 0, 50) == pytest.approx(1.0)  # no warm-up: start at the peak
 
 
+def test_decay_over_the_whole_run_is_google_research_berts_schedule(tiny_checkpoint, tmp_path):
+    # run_classifier.py: polynomial_decay over all steps under the warm-up, 0.9 x peak when a 10% warm-up ends.
+    assert lr_factor(10, 10, 100, "run") == pytest.approx(0.9) and lr_factor(10, 10, 100) == 1.0
+    from launch import cli
+
+    lrs = {}
+    for decay_over in ("after_warmup", "run"):  # 2 epochs of 2 steps, 1 of warm-up
+        out = tmp_path / decay_over
+        assert cli.main(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+                         "--out", str(out), "--max-train-samples", "16", "--max-eval-samples", "8", "--batch-size", "8",
+                         "--epochs", "2", "--warmup", "0.25", "--lr", "1e-3", "--max-seq-len", "32", "--no-progress",
+                         "--no-save-model", "--no-tensorboard", "--decay-over", decay_over]) == 0
+        lrs[decay_over] = json.loads((out / "log_history.json").read_text())[0]["lr"]  # after 2 of 4 steps
+    assert lrs == pytest.approx({"after_warmup": 1e-3 * 2 / 3, "run": 1e-3 * 0.5})
+
+
 def test_no_weight_decay_on_bias_and_layernorm():
     from model.config import BertConfig
     from model.heads import BertForSequenceClassification
