@@ -215,6 +215,7 @@ def test_resume_with_new_optimizer_settings_and_more_steps_uses_them_from_its_fi
     schedule ended on: extended with --max-steps, the first update ran at lr 0 with the old peak lr."""
     from launch.config import load_config
     from launch.pretrain.pretrain_config import PretrainConfig
+    from launch.pretrain.hf_export import load_checkpoint_file
     from launch.pretrain.schedule import lr_multiplier
 
     out = copy_run(run, tmp_path / "run")
@@ -229,7 +230,7 @@ def test_resume_with_new_optimizer_settings_and_more_steps_uses_them_from_its_fi
     lrs = {r["step"]: r["lr"] for r in records if r["step"] > STEPS}
     assert lrs == pytest.approx({s: 0.003 * lr_multiplier(s - 1, cfg.schedule) for s in range(9, 13)}, rel=1e-6)
     optim_file = next((out / "checkpoints" / "global_step12").glob("*optim_states.pt"))
-    state = torch.load(optim_file, weights_only=False)  # written by this test's own run
+    state = load_checkpoint_file(optim_file)  # the code base's one torch.load: tensors and DeepSpeed's records only
     groups = state["optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
     assert [g["betas"] for g in groups] == [(0.9, 0.98)] * 2 and [g["weight_decay"] for g in groups] == [0.01, 0.0]
 
