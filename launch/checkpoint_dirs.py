@@ -165,6 +165,12 @@ def _export_record(path: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def exported_step(path: Path) -> int | None:
+    """The step of the checkpoint bertpipe exported to `path` (None: no export of ours there)."""
+    tag = _export_record(path).get("tag")
+    return tag_step(tag) if isinstance(tag, str) else None
+
+
 def is_export_of(path: Path, run_dir: Path) -> bool:
     """Whether `path` holds an export of `run_dir` written by bertpipe (its marker says so)."""
     return _export_record(path).get("run") == str(Path(run_dir).resolve())

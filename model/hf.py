@@ -87,6 +87,7 @@ class LoadReport:
     unexpected_keys: list[str] = field(default_factory=list)  # checkpoint's, ignored
     mismatched_keys: list[str] = field(default_factory=list)  # head shapes differ: re-initialised
     vocab_trimmed_from: int | None = None  # embedding rows in the file when more than the vocab
+    head_labels: list[str] | None = None  # config.json's id2label by output index; None if absent or LABEL_i only
 
     @property
     def initialized_heads(self) -> list[str]:
@@ -122,6 +123,17 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
             raise ValueError(f"{name} is {value!r}; it must be {'an integer' if integer else 'a number'}")
     fields.update(overrides)
     return BertConfig(**fields)
+
+
+def _head_labels(hf: dict[str, Any]) -> list[str] | None:
+    """The label names a classifier head was trained for (`id2label`, by output index); None when the
+    config names none or only transformers' placeholders (LABEL_0, ...)."""
+    try:
+        id2label = hf["id2label"]
+        names = [str(id2label[k]) for k in sorted(id2label, key=int)]
+    except (KeyError, ValueError, AttributeError, TypeError):
+        return None
+    return None if all(re.fullmatch(r"LABEL_\d+", n) for n in names) else names
 
 
 def config_to_hf(config: BertConfig, architecture: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -312,7 +324,7 @@ def load_pretrained(model_cls: type[M], path: str | Path, config_overrides: dict
         raise ValueError(f"{config_file}: {err}") from None
     state, source = read_hf_state(path)
     ours, ignored = hf_to_ours(state, config_from_hf(hf_config))
-    report = LoadReport(source=str(path / source), unexpected_keys=ignored)
+    report = LoadReport(source=str(path / source), unexpected_keys=ignored, head_labels=_head_labels(hf_config))
 
     rows = ours["bert.embeddings.word.weight"].shape[0] if "bert.embeddings.word.weight" in ours else None
     if rows is None:

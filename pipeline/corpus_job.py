@@ -192,22 +192,25 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+def _previous_manifest(path: str) -> dict:
+    """An earlier corpus's manifest in --out; {} when there is none, or it does not parse as one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
 def _built_with(manifest: str, vocab: str) -> bool:
     """Whether the corpus whose manifest is `manifest` was built with `--vocab` naming the file `vocab`."""
-    try:
-        with open(manifest, encoding="utf-8") as f:
-            source = json.load(f)["config"]["vocab"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    config = _previous_manifest(manifest).get("config")
+    source = config.get("vocab") if isinstance(config, dict) else None
     return isinstance(source, str) and _same_file(vocab, source)
 
 
 def _is_our_manifest(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    return _previous_manifest(path).get("format") == FORMAT
 
 
 def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int, num_files: int) -> None:

@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from pipeline.collate import Collator
 from pipeline.corpus_info import CorpusInfo, open_corpus
 from pipeline.loader_order import EpochPermutation
-from pipeline.collate import Collator
 
 log = logging.getLogger(__name__)
 

@@ -91,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     corpus, run_dir, hf_dir, sweep_dir = out / "corpus", out / "run", out / "hf_model", out / "sweep"
     if args.fresh and out.exists():
         _clear_previous_demo(out)
-    done_steps = _exported_steps(hf_dir)
+    from launch.checkpoint_dirs import exported_step
+
+    done_steps = exported_step(hf_dir)
     if done_steps is not None and done_steps != args.steps:
         raise CliError(f"{out} holds a demo pre-trained for {done_steps} steps, not --steps {args.steps}: pass "
                        f"--fresh to pre-train again (it deletes only what the demo wrote), or --steps {done_steps}")
@@ -139,16 +141,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nDemo finished. Everything is under {out}/: corpus/, run/, hf_model/, loss.png"
           + ("" if args.skip_sweep else ", sweep/"))
     return 0
-
-
-def _exported_steps(hf_dir: Path) -> int | None:
-    """The step of the checkpoint an earlier demo exported to `hf_dir` (None: nothing exported yet)."""
-    from launch.checkpoint_dirs import EXPORT_MARKER, tag_step
-
-    try:
-        return tag_step(json.loads((hf_dir / EXPORT_MARKER).read_text(encoding="utf-8"))["tag"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _mlm_summary(run_dir: Path, corpus: Path) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -86,17 +85,6 @@ def linear_schedule(warmup: int, steps: int, decay_over: str = "after_warmup") -
                            decay_over=decay_over)
 
 
-def checkpoint_labels(hf_dir: Path) -> list[str] | None:
-    """The label names a checkpoint's classifier was trained for (`id2label` in config.json, by
-    output index); None when it names none or only transformers' placeholders (LABEL_0, ...)."""
-    try:
-        id2label = json.loads((Path(hf_dir) / "config.json").read_text(encoding="utf-8")).get("id2label")
-        names = [str(id2label[k]) for k in sorted(id2label, key=int)]
-    except (OSError, ValueError, AttributeError, TypeError):
-        return None
-    return None if all(re.fullmatch(r"LABEL_\d+", n) for n in names) else names
-
-
 def lr_factor(step: int, warmup: int, steps: int, decay_over: str = "after_warmup") -> float:
     """Multiplier of the peak lr at optimizer step `step` (0-based)."""
     return lr_multiplier(step, linear_schedule(warmup, steps, decay_over))
@@ -162,7 +150,7 @@ class Finetuner:
         if report.unexpected_keys and not report.initialized_heads:
             logger.warning("checkpoint tensors ignored: %s", report.unexpected_keys[:8])
         if "classifier" not in report.initialized_heads:
-            self._align_head_labels(model)
+            self._align_head_labels(model, report.head_labels)
         if cfg.init == "random":  # the baseline without pre-training: same shapes and vocabulary, fresh weights
             from model.bert import init_weights
 
@@ -176,13 +164,12 @@ class Finetuner:
                 p.requires_grad_(False)
         self.model = model.to(self.device)
 
-    def _align_head_labels(self, model: torch.nn.Module) -> None:
+    def _align_head_labels(self, model: torch.nn.Module, theirs: list[str] | None) -> None:
         """A classifier head from the checkpoint keeps what its outputs mean (transformers' run_glue does
         the same): rows reordered where the checkpoint names the task's labels in another order (an MNLI
         model from elsewhere), a fresh head where it names other labels (an RTE model fine-tuned on SST-2
         used to start from the RTE head without a word)."""
         labels = list(self.data.labels or ())
-        theirs = checkpoint_labels(self.ckpt.hf_dir)
         classifier = getattr(model, "classifier", None)
         if not labels or theirs is None or theirs == labels or getattr(classifier, "out_features", 0) != len(labels):
             return

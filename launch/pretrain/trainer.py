@@ -195,8 +195,11 @@ class Trainer:
                                  f"{_dotted(mine, key)!r} now); resume with the run's own setting")
         # Allowed (extending a run with --max-steps, lowering the lr after a spike), but never silently:
         # from here on the lr follows the new curve, not the one the checkpoint was trained on.
-        changed = [f"{section}.{k} {there.get(k)!r} there, {v!r} now" for section in ("schedule", "optim")
-                   for there in [meta["config"].get(section, {})] for k, v in mine[section].items() if there.get(k) != v]
+        changed = []
+        for section in ("schedule", "optim"):
+            there = meta["config"].get(section, {})
+            changed += [f"{section}.{k} {there.get(k)!r} there, {v!r} now" for k, v in mine[section].items()
+                        if there.get(k) != v]
         if changed:
             log.warning("%s: from step %d the run follows its own settings", "; ".join(changed), meta["step"])
         # The corpus's content (shards, vocabulary, masking settings), not its manifest's bytes, which
