@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         # The sweep has printed its table (results.md); what follows is the demo's answer.
         print(pretrained)
         print(init_comparison(json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))["trials"]))
-        print("where pre-training from scratch on this corpus starts to pay (a 4-layer model, 1,000-2,000x this compute, "
+        print("where pre-training from scratch on this corpus starts to pay (a 4-layer model, 800-1,600x this compute, "
               "on a GPU): docs/RESULTS.md, 'On a GPU'")
     print(f"\nDemo finished. Everything is under {out}/: corpus/, run/, hf_model/, loss.png"
           + ("" if args.skip_sweep else ", sweep/"))
