@@ -179,7 +179,23 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: 
             # Text stays text (`--text-field yes` is "yes", not true); numbers are read as YAML.
             convert = (_text_or_null if optional else str) if base is str else _yaml_value
             kwargs.update(type=convert, metavar={int: "N", float: "X"}.get(base, "VALUE"))
+        if dotted in aliases:
+            kwargs["action"] = _OneSpelling
         target.add_argument(flag_names.get(dotted, _flag_of(path)), *aliases.get(dotted, ()), **kwargs)
+
+
+class _OneSpelling(argparse.Action):
+    """A field with two spellings (`--max-steps`, `--schedule.total-steps`) given both ways with
+    different values is refused: the last would win silently, and one of them is not what was meant."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        earlier = getattr(namespace, self.dest, None)
+        spelled = vars(namespace).setdefault("spellings:", {})
+        if self.dest in spelled and spelled[self.dest] != option_string and earlier != values:
+            parser.error(f"{spelled[self.dest]} {earlier} and {option_string} {values} set the same field; "
+                         "give one of them")
+        spelled[self.dest] = option_string
+        setattr(namespace, self.dest, values)
 
 
 def _without_none(annotation: Any) -> Any:

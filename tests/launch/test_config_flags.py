@@ -148,3 +148,14 @@ def test_pretrain_new_syntax_matches_old(tmp_path):
     old = load_run_config(parser.parse_args(["--config", "tiny", "--data", "c", "--out", "r", "zero.stage=2",
                                              "data.micro_batch_size=4", "model.fields={unpad: true}"]))
     assert new == old and new.zero.stage == 2 and new.model.fields["unpad"] is True
+
+
+def test_two_spellings_of_one_field_must_agree(capsys):
+    """`--max-steps 2 --schedule.total-steps 40` ran 40 steps: the last spelling won without a word."""
+    parser, args = _parse(["--inner.rate", "2", "--speed", "2"], aliases={"inner.rate": ["--speed"]})
+    assert given_flags(args) == {"inner": {"rate": 2}}
+    with pytest.raises(SystemExit):
+        _parse(["--speed", "2", "--inner.rate", "40"], aliases={"inner.rate": ["--speed"]})
+    assert "--speed 2 and --inner.rate 40 set the same field; give one of them" in capsys.readouterr().err
+    _, args = _parse(["--inner.rate", "2", "--inner.rate", "3"], aliases={"inner.rate": ["--speed"]})
+    assert given_flags(args) == {"inner": {"rate": 3}}  # one spelling repeated: the last wins, as argparse does
