@@ -26,6 +26,8 @@ import os
 from launch.errors import CliError
 from launch.cli.finetune import add_finetune_arguments, config_from_args
 from launch.config import to_dict
+from launch.config_flags import config_from_args as config_from_args_of
+from launch.finetune.finetune_config import FinetuneConfig, canonical_task
 
 
 ON_INTERRUPT = "finished trials are kept; continue with the same command plus --resume"
@@ -52,6 +54,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_finetune_arguments(parser, skip=("task", "save_model", "progress"))
 
 
+def _sets_max_seq_len(args: argparse.Namespace, cfg: FinetuneConfig) -> bool:
+    """Whether the flags or --config set max_seq_len: an unset one resolves per task (384 for SQuAD, 128
+    else), so it comes out the same for another task only when it was set."""
+    other = "sst2" if canonical_task(cfg.task) == "squad" else "squad"
+    return config_from_args_of(args, FinetuneConfig, legacy=args.overrides, fixed={"task": other}).max_seq_len == cfg.max_seq_len
+
+
+def trial_overrides(args: argparse.Namespace, tasks: list[str]) -> tuple[FinetuneConfig, dict]:
+    """The sweep's config (for its paths) and the settings every trial takes from the command line."""
+    cfg = config_from_args(args, "sweep", task=tasks[0])
+    overrides = {k: v for k, v in to_dict(cfg).items() if k not in ("task", "data_dir", "checkpoint", "out")}
+    if not _sets_max_seq_len(args, cfg):  # resolved for the first task; each trial resolves its own task's
+        del overrides["max_seq_len"]
+    overrides["save_model"] = args.save_models
+    overrides["progress"] = False
+    return cfg, overrides
+
+
 def run(args: argparse.Namespace) -> int:
     from launch.log import setup_logging
 
@@ -59,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise CliError("--tasks is empty; name at least one task, e.g. --tasks sst2")
-    cfg = config_from_args(args, "sweep", task=tasks[0])
-    overrides = {k: v for k, v in to_dict(cfg).items() if k not in ("task", "data_dir", "checkpoint", "out")}
-    overrides["save_model"] = args.save_models
-    overrides["progress"] = False
+    cfg, overrides = trial_overrides(args, tasks)
     crash = os.environ.get("BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT")
     from launch.finetune.tune_sweep import run_sweep, trial_name
 

@@ -6,6 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# Other spellings of task names (`launch.finetune.tasks.get_task` takes them; here, torch-free, so that a
+# config resolves its task's defaults from any spelling).
+TASK_ALIASES = {
+    "sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli", "ner": "conll2003", "conll": "conll2003",
+    "squad1.1": "squad", "squad-v1.1": "squad",
+}
+
+
+def canonical_task(name: str) -> str:
+    """`SQuAD`, `squad1.1` -> `squad`; names not in the alias table are only lower-cased."""
+    return TASK_ALIASES.get(name.lower(), name.lower())
+
 
 @dataclass
 class FinetuneConfig:
@@ -94,7 +106,7 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         if self.max_seq_len is None:  # resolved here, so the config a run saves says what it ran
-            self.max_seq_len = 384 if self.task == "squad" else 128
+            self.max_seq_len = 384 if canonical_task(self.task or "") == "squad" else 128
 
     def validate(self) -> None:
         """Refuse settings that cannot train, naming the flag to change."""

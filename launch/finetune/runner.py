@@ -31,6 +31,7 @@ from launch.finetune.tasks import get_task
 from launch.pretrain.pretrain_config import ScheduleSection
 from launch.pretrain.schedule import build_scheduler, lr_multiplier
 from launch.pretrain.optimizers import param_groups
+from pipeline.atomic_write import write_text_atomic
 from pipeline.output_lock import mark_output, refuse_others_files
 from pipeline.vocab import Vocab
 
@@ -313,7 +314,7 @@ class Finetuner:
         result = {"task": self.task.name, "metric": self.task.metric, "score": dev.get(self.task.metric),
                   **dev, **train_stats, "device": str(self.device), "bf16": self.bf16,
                   "checkpoint": str(self.cfg.checkpoint)}
-        (self.out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomic(self.out / "metrics.json", json.dumps(result, indent=2) + "\n")
         if self.cfg.save_model:
             self.save()
         return result

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launch.finetune.tasks import get_task
+from pipeline.atomic_write import write_text_atomic
 
 NAME = "table7"
 
@@ -160,8 +161,8 @@ def write_results(out: Path, trials: list[dict[str, Any]], *, name: str) -> tupl
     """OUT/results.json, OUT/results.md and OUT/sweep.png; returns (summary, the markdown table)."""
     summary = summarize(trials)
     table = markdown_table(summary, name=name)
-    (out / "results.json").write_text(json.dumps({"grid": NAME, "summary": summary, "trials": trials}, indent=2,
-                                                 default=str) + "\n")
-    (out / "results.md").write_text(table)
+    write_text_atomic(out / "results.json", json.dumps({"grid": NAME, "summary": summary, "trials": trials}, indent=2,
+                                                        default=str) + "\n")
+    write_text_atomic(out / "results.md", table)
     plot(summary, out / "sweep.png", name=name)
     return summary, table

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from launch.finetune import glue
+from launch.finetune.finetune_config import canonical_task
 from launch.finetune.kinds import (
     ChoiceTask,
     ConllTask,
@@ -23,10 +24,6 @@ from launch.finetune.kinds import (
     UserTagTask,
 )
 
-ALIASES = {
-    "sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli", "ner": "conll2003", "conll": "conll2003",
-    "squad1.1": "squad", "squad-v1.1": "squad",
-}
 
 # Column order of the paper's Table 1 (the sweep's results table follows it).
 PAPER_ORDER = ("mnli", "qqp", "qnli", "sst2", "cola", "stsb", "mrpc", "rte", "wnli", "squad", "conll2003", "swag")
@@ -37,7 +34,7 @@ def task_names() -> list[str]:
 
 
 def get_task(name: str) -> Task:
-    key = ALIASES.get(name.lower(), name.lower())
+    key = canonical_task(name)
     if key in glue.GLUE_TASKS:
         return GlueTask(glue.GLUE_TASKS[key])
     factories = {

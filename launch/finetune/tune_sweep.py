@@ -214,6 +214,7 @@ def read_record(trial_dir: Path, settings: dict[str, Any], inputs: str) -> tuple
 
 def _trainable(config: dict[str, Any]) -> None:
     """One Ray Tune trial: one fine-tuning run, reported once at the end (the paper keeps the final model)."""
+    import ray
     from ray import tune
 
     from launch.finetune.runner import finetune
@@ -228,8 +229,13 @@ def _trainable(config: dict[str, Any]) -> None:
             raise InjectedFault(f"trial {point['index']}: injected crash on its first attempt (test hook)")
     # Outputs go straight to OUT/trials/ (storage every node sees), not through Tune's artifact sync.
     settings = _settings(config["base"], point, Path(config["trials_dir"]))
+    cfg = from_dict(FinetuneConfig, settings)
+    if cfg.device == "auto" and not ray.get_gpu_ids():
+        # A trial Ray gave no GPU must not take one: Ray no longer hides the node's GPUs from it, and
+        # every such trial on a node would pick the same one. (The recorded settings stay as given.)
+        cfg.device = "cpu"
     try:
-        result = finetune(from_dict(FinetuneConfig, settings))
+        result = finetune(cfg)
     except ValueError as err:  # bad input or settings (DataError): every attempt would fail alike, so it
         tune.report({REFUSED: str(err)})  # is reported as the trial's result, not raised and retried
         return
@@ -242,6 +248,24 @@ def _trainable(config: dict[str, Any]) -> None:
 def holds_sweep(out: str | Path) -> bool:
     """Whether `out` already holds a (finished or interrupted) sweep, which only `resume=True` continues."""
     return (Path(out) / CONFIG_FILE).is_file() or (Path(out) / EXPERIMENT).exists()
+
+
+def base_settings(task: str, checkpoint: str | Path, data_dir: str | Path, overrides: dict[str, Any] | None,
+                  cpus_per_trial: float) -> dict[str, Any]:
+    """The settings every trial shares (a grid point and seed complete them), paths absolute."""
+    base = to_dict(FinetuneConfig(task=task, data_dir=str(Path(data_dir).resolve()),
+                                  checkpoint=str(Path(checkpoint).resolve()), out=""))
+    # max_seq_len null unless given: each trial's config resolves its task's own (384 for SQuAD, 128 else).
+    base.update({"save_model": False, "progress": False, "max_seq_len": None})
+    base.update(overrides or {})
+    for key in ("feature_cache", "vocab"):  # paths, like data_dir: each trial runs in a working directory of its own
+        if base.get(key):
+            base[key] = str(Path(base[key]).resolve())
+    if base.get("threads") is None:  # torch in a trial uses the CPUs Ray reserved for it, no more
+        base["threads"] = max(1, int(cpus_per_trial))
+    for key in ("task", "out"):
+        base.pop(key)
+    return base
 
 
 def run_sweep(
@@ -280,15 +304,7 @@ def run_sweep(
     seed_list = list(range(1, seeds + 1)) if isinstance(seeds, int) else list(seeds)
     if not seed_list:
         raise ValueError("--seeds must be at least 1")
-    base = to_dict(FinetuneConfig(task=tasks[0], data_dir=str(Path(data_dir).resolve()),
-                                  checkpoint=str(Path(checkpoint).resolve()), out=str(out)))
-    # max_seq_len null unless given: each trial's config resolves its task's own (384 for SQuAD, 128 else).
-    base.update({"save_model": False, "progress": False, "max_seq_len": None})
-    base.update(overrides or {})
-    if base.get("threads") is None:  # torch in a trial uses the CPUs Ray reserved for it, no more
-        base["threads"] = max(1, int(cpus_per_trial))
-    for key in ("task", "out"):
-        base.pop(key)
+    base = base_settings(tasks[0], checkpoint, data_dir, overrides, cpus_per_trial)
     # Every trial's settings must be valid before Ray starts anything.
     points = table7.points(tasks, seed_list) if table7.is_table7(grid) else expand(tasks, grid_values, seed_list)
     trials_dir = out / "trials"
@@ -319,7 +335,7 @@ def run_sweep(
         logger.info("resuming the sweep in %s: %d of %d trials already finished, %d to run",
                     out, len(recorded), len(points), len(pending))
     out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_FILE).write_text(json.dumps(
+    write_text_atomic(out / CONFIG_FILE, json.dumps(
         {"tasks": tasks, "grid": grid_values, "seeds": seed_list, "base": base}, indent=2) + "\n")
     outcomes = _run_trials(pending, base, out, inputs, address=address, num_cpus=num_cpus, temp_dir=temp_dir,
                            cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
@@ -405,7 +421,7 @@ def write_results(out: Path, trials: list[dict[str, Any]], *, name: str, grid: A
         return SweepResult(out, summary, trials, table)
     summary = summarize(trials)
     table = markdown_table(summary, name=name)
-    (out / "results.json").write_text(json.dumps({"summary": summary, "trials": trials}, indent=2, default=str) + "\n")
-    (out / "results.md").write_text(table)
+    write_text_atomic(out / "results.json", json.dumps({"summary": summary, "trials": trials}, indent=2, default=str) + "\n")
+    write_text_atomic(out / "results.md", table)
     plot_grid(trials, summary, out / "sweep.png")
     return SweepResult(out, summary, trials, table)

@@ -140,6 +140,8 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     assert "lr" not in params["base"] and "seed" not in params["base"] and params["base"]["max_seq_len"] == 32
     ran = yaml.safe_load((out / "trials" / "sst2-bs32-ep1-lr3e-05-seed1" / "config.yaml").read_text())
     assert ran["lr"] == params["point"]["lr"] and ran["max_train_samples"] == 32
+    # a trial Ray gave no GPU runs on the CPU (on a GPU node every such trial took the same GPU)
+    assert ran["device"] == "cpu" and params["base"]["device"] == "auto"
     with pytest.raises(ValueError, match="--resume"):
         run_sweep(["sst2"], tiny_checkpoint, GLUE, out, grid="quick", overrides=TRIAL)
 
@@ -308,3 +310,29 @@ def test_each_trial_gets_its_own_tasks_default_sequence_length():
         settings = _settings(base, {"task": task, "seed": 1, "index": 0}, Path("trials"))
         assert from_dict(FinetuneConfig, settings).max_seq_len == length
     assert FinetuneConfig(task="squad", max_seq_len=256).max_seq_len == 256
+
+
+def test_the_sweep_command_leaves_each_task_its_own_sequence_length_unless_given():
+    # `bertpipe sweep --tasks sst2,squad` resolved the first task's 128 and passed it to every trial
+    from launch.cli import build_parser
+    from launch.cli.sweep import trial_overrides
+    from launch.finetune.finetune_config import FinetuneConfig
+
+    parser = build_parser("sweep")
+    common = ["--checkpoint", "c", "--data-dir", "d", "--out", "o"]
+    for first in ("sst2", "SQuAD"):
+        _, overrides = trial_overrides(parser.parse_args(["--tasks", f"{first},x", *common]), [first, "mrpc"])
+        assert "max_seq_len" not in overrides
+        _, overrides = trial_overrides(parser.parse_args(["--tasks", first, *common, "--max-seq-len", "200"]), [first])
+        assert overrides["max_seq_len"] == 200
+    assert FinetuneConfig(task="SQuAD").max_seq_len == FinetuneConfig(task="squad1.1").max_seq_len == 384
+
+
+def test_relative_paths_reach_every_trial_absolute(tmp_path, monkeypatch):
+    # Ray runs each trial in its own working directory: a relative --feature-cache became one cache per trial
+    from launch.finetune.tune_sweep import base_settings
+
+    monkeypatch.chdir(tmp_path)
+    base = base_settings("conll2003", "ckpt", "data", {"feature_cache": "cache", "vocab": "v.txt"}, 2)
+    assert base["feature_cache"] == str(tmp_path / "cache") and base["vocab"] == str(tmp_path / "v.txt")
+    assert base["checkpoint"] == str(tmp_path / "ckpt") and base["threads"] == 2 and "out" not in base
