@@ -20,6 +20,17 @@ def global_rank() -> int:
     return 0
 
 
+def launcher_world_size() -> int | None:
+    """The world size a launcher started this process in (torchrun / deepspeed: RANK and WORLD_SIZE;
+    mpirun: Open MPI's or PMI's own), or None when no launcher did."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
 def is_rank_zero() -> bool:
     return global_rank() == 0
 

@@ -16,7 +16,8 @@ on GPUs). On a cluster run the same trainer under a launcher instead:
 
 The run directory gets config.yaml (resolved), ds_config.json (generated), vocab.txt,
 metrics.jsonl, tensorboard/ and checkpoints/ (atomic; `latest` moves last). SIGTERM (preemption)
-saves a checkpoint at the next step and exits 143 (128 + the signal; 130 for Ctrl-C): the run is not
+saves a checkpoint at the next step and exits 143 (128 + the signal; 130 for Ctrl-C, 138 for SIGUSR1,
+which mpirun passes on to the ranks): the run is not
 finished, and a scheduler that restarts failed jobs continues it with --resume.
 """
 
@@ -28,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from launch.errors import CliError
-from launch.log import setup_logging
+from launch.log import launcher_world_size, setup_logging
 from launch.pretrain.worker import add_arguments as add_worker_arguments, leave_process_group, load_run_config, run_dir_lock
 from pipeline.output_lock import OutputLocked
 
@@ -55,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
     from launch.pretrain.preflight import SHARDS_VERIFIED_ENV, in_this_process, preflight
 
-    under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if under_launcher:
-        nproc = int(os.environ["WORLD_SIZE"])
+    world = launcher_world_size()  # under mpirun too: each rank starting --nproc more would be wrong
+    under_launcher = world is not None
+    if world is not None:
+        nproc = world
     else:  # 0 is a mistake, not "auto": only an absent --nproc picks the default
         nproc = max(1, torch.cuda.device_count()) if args.nproc is None else args.nproc
     if nproc < 1:

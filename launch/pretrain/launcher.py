@@ -4,8 +4,8 @@ The processes are started and watched by torch's elastic launch API (`torch.dist
 `elastic_launch`, standalone c10d rendezvous on this machine): it sets RANK / LOCAL_RANK /
 WORLD_SIZE / MASTER_ADDR / MASTER_PORT and, if one worker fails, stops the others. Two things are
 ours on top of it:
-- SIGTERM and SIGINT are forwarded to every worker, which checkpoints at the next step and exits
-  128 + the signal (143, 130); the launcher returns that code. (Left to the elastic agent, a signal shuts the group down with a
+- SIGTERM, SIGINT and SIGUSR1 are forwarded to every worker, which checkpoints at the next step and exits
+  128 + the signal (143, 130, 138); the launcher returns that code. (Left to the elastic agent, a signal shuts the group down with a
   deadline after which it SIGKILLs the workers, and the launcher fails whatever they did.)
 - OMP_NUM_THREADS is set (the cores divided among the workers): unset, a CPU run was 5x slower.
 """
@@ -22,7 +22,18 @@ from typing import Sequence
 
 log = logging.getLogger(__name__)
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT)
+# What stops a run with a checkpoint: SIGTERM (preemption), SIGINT (Ctrl-C), SIGUSR1 (what mpirun passes
+# on to the ranks without killing the job, as it does on SIGTERM; the MPI manifests' preStop sends it).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def exit_code(codes: Sequence[int]) -> int:
+    """The launcher's exit code from its failed workers' (negative: killed by that signal): the cause,
+    not the workers the agent then stopped (-SIGTERM, or -SIGKILL after the grace); a signal as the
+    shell reports it, 128 + its number (a SIGTERM before the workers' handlers were set is 143, as after)."""
+    stopped = (-signal.SIGTERM, -signal.SIGKILL)
+    code = next((c for c in codes if c not in stopped), codes[0])
+    return 128 - code if code < 0 else code or 1
 
 
 def free_port() -> int:
@@ -67,16 +78,13 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
 
     saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "TORCHELASTIC_SIGNALS_TO_HANDLE")}
     os.environ["OMP_NUM_THREADS"] = threads  # workers inherit the launcher's environment
-    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     log.info("starting %d worker process(es) with %s OpenMP thread(s) each", nproc, threads)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*program, *worker_argv)
         return 0
     except ChildFailedError as err:
-        # The cause, not the workers the agent then stopped (-SIGTERM, or -SIGKILL after the grace).
-        stopped = (-signal.SIGTERM, -signal.SIGKILL)
-        codes = [f.exitcode for _, f in sorted(err.failures.items())]
-        return abs(next((c for c in codes if c not in stopped), codes[0])) or 1
+        return exit_code([f.exitcode for _, f in sorted(err.failures.items())])
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)

@@ -8,6 +8,7 @@ LOCAL_RANK / MASTER_ADDR / MASTER_PORT environment (set here for a lone process)
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import signal
@@ -28,7 +29,8 @@ from launch.pretrain.pretrain_config import PretrainConfig
 from launch.pretrain.preflight import preflight
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
 from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile_blocks, compile_enabled, to_device
-from launch.pretrain.launcher import free_port
+from launch.log import launcher_world_size
+from launch.pretrain.launcher import STOP_SIGNALS, free_port
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import apply_after_load, build_scheduler
@@ -38,6 +40,8 @@ from pipeline.masking import derive_seed
 from pipeline.output_lock import mark_output, refuse_others_files
 
 log = logging.getLogger(__name__)
+# Collective timeout (minutes) unless DEEPSPEED_TIMEOUT sets one; see init_distributed.
+DIST_TIMEOUT_MINUTES = 60
 
 # Settings a resumed run must share with the checkpoint, or the sample sequence / model differ.
 _RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_masking", "model", "optim.name",
@@ -53,13 +57,16 @@ def init_distributed() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     # Under mpirun (Kubeflow TrainJob/MPIJob, `deepspeed --launcher openmpi`) RANK is unset at start-up:
     # DeepSpeed discovers the ranks from MPI itself, so only a truly lone process gets a group of one.
-    under_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
-    if "RANK" not in os.environ and not under_mpi:
+    if "RANK" not in os.environ and launcher_world_size() is None:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
     if not dist.is_initialized():
         backend = "nccl" if get_accelerator().device_name() == "cuda" else "gloo"
-        deepspeed.init_distributed(dist_backend=backend)
+        # The other ranks wait in a collective while rank 0 hashes the corpus (preflight, every launch):
+        # tens of GiB over network storage outlast DeepSpeed's 10-minute default, and a restarted job
+        # would time out the same way each time. DEEPSPEED_TIMEOUT (minutes) still sets it.
+        minutes = int(os.environ.get("DEEPSPEED_TIMEOUT", DIST_TIMEOUT_MINUTES))
+        deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=minutes))
 
 
 def _dotted(tree: dict[str, Any], key: str) -> Any:
@@ -302,7 +309,7 @@ class Trainer:
 
     def train(self) -> int:
         cfg = self.cfg
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         self.engine.train()
         batches = iter(self.loader)
         last_saved = self.step

@@ -127,6 +127,55 @@ def check_pretrain_worker(argv: list[str], where: str, monkeypatch, capsys) -> a
     return args
 
 
+def openmpi_command_lines() -> dict[str, str]:
+    """The processes on an MPI launcher pod, as `pkill -f` sees them: tini, DeepSpeed's runner, the mpirun
+    its OpenMPIRunner builds, and a rank (the tail of mpirun's line that orted starts)."""
+    import sys
+
+    from deepspeed.launcher.multinode_runner import OpenMPIRunner
+    from deepspeed.launcher.runner import parse_args as deepspeed_args
+
+    argv = ["--hostfile", "/etc/mpi/hostfile", "--launcher", "openmpi", "--launcher_args", "-x OMP_NUM_THREADS=4",
+            "--module", "launch.pretrain", "--config", "bert-large-phase1", "--resume"]
+    mpirun = OpenMPIRunner(deepspeed_args(argv), "", {"node-0": 8}).get_cmd({}, {})
+    return {"tini": " ".join(["/usr/bin/tini", "-g", "--", "deepspeed", *argv]),
+            "runner": " ".join([sys.executable, "/opt/venv/bin/deepspeed", *argv]),
+            "mpirun": " ".join(mpirun), "rank": " ".join(mpirun[mpirun.index(sys.executable):])}
+
+
+def check_rank_pattern(pattern: str, where: str) -> None:
+    # A SIGTERM to tini, the runner or mpirun takes every rank down without a checkpoint: it must match
+    # the ranks alone (the old 'launch[.]pretrain' matched all four).
+    lines = openmpi_command_lines()
+    assert re.search(pattern, lines["rank"]), f"{where}: {pattern!r} misses the rank {lines['rank']!r}"
+    for name in ("tini", "runner", "mpirun"):
+        assert not re.search(pattern, lines[name]), f"{where}: {pattern!r} also matches {name}: {lines[name]!r}"
+
+
+def test_mpi_launcher_pods_stop_the_ranks_through_mpirun() -> None:
+    # Deleting the launcher pod SIGTERMs tini, then the runner and mpirun, which kills the job: its preStop
+    # must first send mpirun SIGUSR1 (passed on to every rank, which then checkpoints) and wait for it.
+    launchers = []
+    for root in k8s_validate.kustomizations():
+        for obj in k8s_validate.render_kustomization(root):
+            if obj["kind"] not in ("MPIJob", "TrainingRuntime"):
+                continue
+            for path, pod in k8s_validate.pod_specs(obj):
+                if obj["kind"] == "MPIJob":
+                    launcher = "Launcher" in path
+                else:  # a TrainingRuntime's replicated job named launcher (runLauncherAsNode: ranks there too)
+                    launcher = obj["spec"]["template"]["spec"]["replicatedJobs"][path[4]]["name"] == "launcher"
+                if not launcher:
+                    continue
+                for container in pod["containers"]:
+                    where = f"{k8s_validate.repo_relative(root)}:{k8s_validate.object_name(obj)}:{container['name']}"
+                    launchers.append(where)
+                    stop = " ".join(container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", []))
+                    assert "pkill -USR1 -x 'mpirun|orterun|prterun'" in stop and "while pgrep -x" in stop, where
+                    assert pod.get("terminationGracePeriodSeconds", 30) >= 600, where
+    assert len(launchers) == 2 * len(k8s_validate.kustomizations()), launchers  # the MPIJob's and the runtime's
+
+
 def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch, capsys, caplog) -> None:
     if not argv:
         assert spec.get("name") in IMAGE_ENTRYPOINTS, (
@@ -164,7 +213,9 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
         assert "docker/sshd_config /home/bertpipe/.sshd_config" in (REPO / "docker" / "Dockerfile.cuda").read_text()
         # sshd is PID 1: on deletion the ranks under it must be stopped (and waited for) before it exits
         stop = " ".join(spec["lifecycle"]["preStop"]["exec"]["command"])
-        assert "pkill -TERM -f 'launch[.]pretrain'" in stop and "pgrep" in stop, where
+        ranks = re.search(r"r='([^']+)'; pkill -TERM -f \"\$r\"; while pgrep -f \"\$r\"", stop)
+        assert ranks, f"{where}: preStop must SIGTERM the ranks and wait for them: {stop}"
+        check_rank_pattern(ranks.group(1), where)
         assert "procps" in (REPO / "docker" / "Dockerfile.cuda").read_text(), where
     elif program == "/opt/apache/beam/boot":
         assert argv == ["/opt/apache/beam/boot", "--worker_pool"], where

@@ -56,3 +56,47 @@ def test_a_finished_lone_run_leaves_its_process_group(small_corpus, tmp_path, mo
     assert cli.main(argv) == 0
     assert (tmp_path / "run" / "checkpoints").is_dir()
     assert not dist.is_initialized()
+
+
+def test_the_exit_code_names_the_cause_and_a_signal_as_the_shell_does():
+    from launch.pretrain.launcher import exit_code
+
+    assert exit_code([-15, 3]) == 3  # the failing worker, not the one the agent then stopped
+    assert exit_code([-15, -15]) == 143  # SIGTERM before the workers' handlers were set: 143, not 15
+    assert exit_code([-9, -11]) == 139 and exit_code([0]) == 1
+
+
+def test_the_process_group_waits_out_rank_zeros_corpus_check(monkeypatch):
+    # Ranks wait in a collective while rank 0 hashes the corpus: DeepSpeed's 10-minute default timed
+    # out on a large corpus over network storage, on every restart alike.
+    import datetime
+
+    import deepspeed
+    import torch.distributed as dist
+
+    from launch.pretrain import trainer
+
+    seen = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: seen.append(kw["timeout"]))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("DEEPSPEED_TIMEOUT", raising=False)
+    trainer.init_distributed()
+    monkeypatch.setenv("DEEPSPEED_TIMEOUT", "5")
+    trainer.init_distributed()
+    assert seen == [datetime.timedelta(minutes=60), datetime.timedelta(minutes=5)]
+
+
+def test_a_rank_started_by_mpirun_is_seen_as_under_a_launcher(monkeypatch):
+    # `deepspeed --launcher openmpi --no_python bertpipe pretrain`: RANK is unset at start-up, and each
+    # rank used to start --nproc workers of its own
+    from launch.log import launcher_world_size
+
+    for key in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    assert launcher_world_size() is None
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "16")
+    assert launcher_world_size() == 16
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert launcher_world_size() == 8

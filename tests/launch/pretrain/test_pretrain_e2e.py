@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 STEPS, SAVE_EVERY = 12, 4
@@ -171,25 +172,33 @@ def test_a_universal_conversion_is_reused_only_while_it_matches_its_checkpoint(r
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_and_exits_143_so_a_scheduler_restarts_it(small_corpus, tmp_path):
+@pytest.mark.parametrize("how", ["sigterm-to-launcher", "sigusr1-to-ranks"])
+def test_sigterm_checkpoints_and_exits_143_so_a_scheduler_restarts_it(small_corpus, tmp_path, how):
     out = tmp_path / "preempted"
     cmd = pretrain_cmd(small_corpus, out, 2, 1, "--max-steps", "10000", "--save-every", "0")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+    signum = signal.SIGTERM if how == "sigterm-to-launcher" else signal.SIGUSR1
     try:
         wait_for(lambda: last_step(out) >= 3, proc)
-        proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would; it forwards to workers
+        if signum == signal.SIGTERM:
+            proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would; it forwards to workers
+        else:  # to the ranks themselves, as mpirun passes SIGUSR1 on (the MPI manifests' launcher preStop)
+            ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "launch.pretrain" in c.cmdline()]
+            assert len(ranks) == 2
+            for rank in ranks:
+                rank.send_signal(signal.SIGUSR1)
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     # Not 0: every rank exited 0 after a preemption and a Kubernetes Job counted the unfinished run as Succeeded
-    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert proc.returncode == 128 + signum, output[-3000:]
     step = last_step(out)
     assert (out / "checkpoints" / "latest").read_text().strip() == f"global_step{step}"
     meta = json.loads((out / "checkpoints" / f"global_step{step}" / "bertpipe.json").read_text())
     assert meta["step"] == step and meta["position"] == 32 * step
-    assert "stopped by signal" in output and "(exit 143)" in output
+    assert "stopped by signal" in output and f"(exit {128 + signum})" in output
 
 
 CRASHING_WORKER = """
