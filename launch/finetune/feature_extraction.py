@@ -22,14 +22,12 @@ import numpy as np
 import torch
 
 from launch.finetune.device import pick_device
-from launch.finetune.finetune_config import FeaturesConfig, Pool
+from launch.finetune.finetune_config import FeaturesConfig, Pool, layers_error
 from model import BertModel, load_pretrained
 from pipeline.vocab import Vocab, check_embedding_rows
 
 logger = logging.getLogger(__name__)
 
-NAMED_LAYERS = ("embeddings", "last", "second-to-last", "last4-concat", "last4-sum", "all-sum", "last4-weighted",
-                "all-weighted")
 
 
 @dataclass
@@ -57,12 +55,10 @@ def parse_layers(spec: str, num_layers: int) -> LayerSelection:
         if min(indices) < 0 or (spec.startswith("last4") and num_layers < 4):
             raise ValueError(f"--layers {spec} needs at least 4 layers; the model has {num_layers}")
         return LayerSelection(indices, combine)  # type: ignore[arg-type]
-    try:
-        raw = [int(p) for p in spec.split(",") if p.strip()]
-    except ValueError:
-        raw = []
-    if not raw:
-        raise ValueError(f"--layers {spec!r} is not one of {', '.join(NAMED_LAYERS)} or a list of layer numbers like 9,10,11,12")
+    unreadable = layers_error(spec)
+    if unreadable:
+        raise ValueError(unreadable)
+    raw = [int(p) for p in spec.split(",") if p.strip()]
     indices = []
     for i in raw:
         j = i + last + 1 if i < 0 else i

@@ -14,6 +14,24 @@ TASK_ALIASES = {
 }
 
 
+# The named `--layers` choices (launch/finetune/feature_extraction.py: parse_layers says what each takes).
+NAMED_LAYERS = ("embeddings", "last", "second-to-last", "last4-concat", "last4-sum", "all-sum", "last4-weighted",
+                "all-weighted")
+
+
+def layers_error(spec: str) -> str | None:
+    """Why a `--layers` value cannot be read, before any model is loaded (its range is checked against the
+    model's depth later); None if it can."""
+    if spec.strip() in NAMED_LAYERS:
+        return None
+    try:
+        if [int(p) for p in spec.split(",") if p.strip()]:
+            return None
+    except ValueError:
+        pass
+    return f"--layers {spec!r} is not one of {', '.join(NAMED_LAYERS)} or a list of layer numbers like 9,10,11,12"
+
+
 def canonical_task(name: str) -> str:
     """`SQuAD`, `squad1.1` -> `squad`; names not in the alias table are only lower-cased."""
     return TASK_ALIASES.get(name.lower(), name.lower())
@@ -129,6 +147,9 @@ class FinetuneConfig:
             (self.lstm_hidden >= 1, f"--lstm-hidden must be >= 1, got {self.lstm_hidden}"),
             (self.feature_lr > 0, f"--feature-lr must be positive, got {self.feature_lr}"),
             (not (self.freeze and self.feature_based), "--freeze and --feature-based are two different setups; choose one"),
+            (self.feature_based or self.layers == "last",
+             f"--layers {self.layers} chooses the frozen features of --feature-based; add --feature-based, or drop --layers"),
+            (not self.feature_based or layers_error(self.layers) is None, layers_error(self.layers) or ""),
             (self.init == "checkpoint" or not (self.freeze or self.feature_based),
              "--init random with --freeze or --feature-based would train a head on random features; drop one"),
         ]

@@ -35,6 +35,19 @@ def test_weighted_rows_of_table7_are_named_layer_choices():
     assert parse_layers("last4-sum", 6).combine == "sum"  # the plain sum stays available
 
 
+def test_a_layers_choice_is_checked_with_the_settings_before_any_data_is_read():
+    # It was read only after the whole dataset was tokenised (and in a sweep, after Ray started); without
+    # --feature-based it was ignored without a word.
+    from launch.finetune.finetune_config import FinetuneConfig
+
+    base = dict(task="conll2003", data_dir="d", checkpoint="c", out="o")
+    FinetuneConfig(**base, feature_based=True, layers="-2,-1").validate()
+    with pytest.raises(ValueError, match="'al' is not one of embeddings"):
+        FinetuneConfig(**base, feature_based=True, layers="al").validate()
+    with pytest.raises(ValueError, match="add --feature-based, or drop --layers"):
+        FinetuneConfig(**base, layers="all-weighted").validate()
+
+
 def test_scalar_mix_starts_as_the_mean_and_the_head_ignores_padding():
     torch.manual_seed(0)
     x = torch.randn(2, 7, 3, 8)
