@@ -15,7 +15,7 @@ help:
 	@echo "make demo   - install, then run the whole pipeline on the bundled real data (CPU, minutes)"
 	@echo "make test   - install, then run the test suite"
 	@echo "make test-accuracy - only the SST-2 >= 85% fine-tuning test with real MiniLM weights (part of make test)"
-	@echo "make bench  - run the CPU benchmarks listed in bench/run_all.py (+ pretrain_gpu with CUDA; not mlm_context, finetune_lockstep: run those directly)"
+	@echo "make bench  - run the CPU benchmarks listed in bench/run_all.py (+ pretrain_gpu with CUDA; not mlm_context, finetune_lockstep, pretrain_crossover: run those directly)"
 	@echo "make k8s-validate - validate every Kubernetes manifest against the vendored schemas"
 	@echo "make image  - build the container images (runs docker build: needs docker, or podman through its docker alias)"
 

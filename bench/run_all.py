@@ -1,5 +1,5 @@
 """`make bench`: run the ratio benchmarks below in turn; each prints its own ratio against a peer.
-(`mlm_context.py` and `finetune_lockstep.py` are run on their own; see docs/PERFORMANCE.md.)
+(`mlm_context.py`, `finetune_lockstep.py` and `pretrain_crossover.py` are run on their own; see docs/PERFORMANCE.md.)
 
   .venv/bin/python bench/run_all.py                  # all CPU benchmarks (pretrain_gpu only with CUDA)
   .venv/bin/python bench/run_all.py model_step       # just these

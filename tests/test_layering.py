@@ -1,10 +1,10 @@
 """The layering the project promises, checked on the source:
 
-- `model/` is plain nn.Modules: no distributed, launcher, Ray, Beam or argparse imports (STYLE.md 2),
+- `model/` is plain nn.Modules: no distributed, launcher, Ray, Beam or argparse imports,
   and nothing of ours (it is the bottom layer);
 - `pipeline/` imports nothing from `launch/` (data flows up: launch uses pipeline, never back);
 - no import cycles between our modules;
-- no two modules under `launch/` share a file name; no Python file over 450 lines (STYLE.md 15, 17).
+- no two modules under `launch/` share a file name; no Python file over 450 lines.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pre-train BERT with DeepSpeed ZeRO over a corpus built by `bertpipe corpus`.
 
   bertpipe pretrain --config tiny --data CORPUS --out RUN [--section.key VALUE ...] [--nproc N]
-  bertpipe pretrain --data CORPUS --out RUN --resume          # continue from RUN/checkpoints/latest
+  bertpipe pretrain --data CORPUS --out RUN --resume          # continue from the newest verified checkpoint
 
 --config is a preset (tiny, demo, bert-base, bert-large-phase1, bert-large-phase2) or a YAML file; a flag
 overrides any field of it (`--zero.stage 2 --optim.lr 1e-3`; `--max-steps N` is

@@ -3,7 +3,8 @@
 Keeps the best config per task on dev and writes OUT/results.json, OUT/results.md (laid out like the
 BERT paper's GLUE table: tasks as columns, an average) and OUT/sweep.png. Any `bertpipe finetune`
 flag applies to every trial, except the settings the grid varies (e.g. --lr, --batch-size, --epochs)
-and --seed, which each trial takes from its grid point and seed index. Crashed trials are retried (--max-failures); an interrupted sweep
+and --seed, which each trial takes from its grid point and seed index, and --task, --save-model and
+--progress (trials keep their models only with --save-models, and show no progress bar). Crashed trials are retried (--max-failures); an interrupted sweep
 continues with --resume (finished trials are kept).
 
 Grids: paper (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), quick (batch 32 x lr 5e-5/3e-5 x 1

@@ -100,7 +100,8 @@ class ScheduleSection:
 @dataclass
 class ZeroSection:
     """stage: 0 (plain data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ parameters).
-    offload_optimizer / offload_param: none or cpu (param offload needs stage 3).
+    offload_optimizer: none or cpu.
+    offload_param: none or cpu (needs stage 3).
     """
 
     stage: int = 1
