@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline.corpus_output import TMP, clear_previous_output, delete_tree, outside, same_file
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 
 SEQ_LEN_RANGE = (8, 4096)
 LOCAL_RUNNER = "FnApiRunner"
-TMP = ".bertpipe-tmp"
-
 
 @dataclass
 class CorpusConfig:
@@ -154,63 +152,14 @@ def _counters(result) -> dict[str, int]:
     return dict(sorted(totals.items()))
 
 
-def _clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | None) -> None:
-    """Remove an earlier corpus's files from `out` (a rerun with fewer shards must not leave stale ones),
-    but only where bertpipe provably wrote them: `out` holds our manifest or our unfinished-job folder.
-    Anything else under a name the corpus writes (a vocab.txt of the user's) is refused, not overwritten."""
-    if "://" in out or not os.path.isdir(out):
-        return
-    names = [n for n in os.listdir(out) if n.endswith((".arrow", ".parquet")) and "-of-" in n
-             or n in ("manifest.json", TMP, "dead_letter", "vocab.txt")]
-    own_vocab = os.path.join(out, "vocab.txt")
-    if vocab_source and "vocab.txt" in names and _same_file(own_vocab, vocab_source):
-        # `--vocab OUT/vocab.txt`: kept as it is, so it must already be what the corpus would write.
-        with open(own_vocab, "rb") as f:
-            if f.read() != vocab_text.encode("utf-8"):
-                raise ValueError(f"--vocab {vocab_source} is --out's own vocab.txt, and the corpus would rewrite it "
-                                 "(it has a byte-order mark or CRLF line ends): pass a copy outside --out")
-        names.remove("vocab.txt")
-    elif "vocab.txt" in names and _built_with(os.path.join(out, "manifest.json"), own_vocab):
-        # The earlier corpus was built with `--vocab OUT/vocab.txt`: the user's file, never ours to delete.
-        raise ValueError(f"--out {out} holds the vocab.txt its earlier corpus was built with (--vocab {own_vocab}), "
-                         f"which bertpipe did not write: pass --vocab {own_vocab} to build with it again, "
-                         "or choose another --out")
-    if not names:
-        return
-    if not (os.path.isdir(os.path.join(out, TMP)) or _is_our_manifest(os.path.join(out, "manifest.json"))):
-        raise ValueError(f"--out {out} holds {', '.join(sorted(names)[:3])}{' ...' if len(names) > 3 else ''}, "
-                         "which bertpipe did not write (no bertpipe manifest.json): choose another --out")
-    for name in names:
-        path = os.path.join(out, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # b is remote or gone
-        return False
 
 
-def _previous_manifest(path: str) -> dict:
-    """An earlier corpus's manifest in --out; {} when there is none, or it does not parse as one."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
 
 
-def _built_with(manifest: str, vocab: str) -> bool:
-    """Whether the corpus whose manifest is `manifest` was built with `--vocab` naming the file `vocab`."""
-    config = _previous_manifest(manifest).get("config")
-    source = config.get("vocab") if isinstance(config, dict) else None
-    return isinstance(source, str) and _same_file(vocab, source)
 
 
-def _is_our_manifest(path: str) -> bool:
-    return _previous_manifest(path).get("format") == FORMAT
 
 
 def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int, num_files: int) -> None:
@@ -254,16 +203,6 @@ def _train_vocab(config: CorpusConfig, files: list[str], lowercase: bool, option
     return "\n".join(tokens) + "\n", {k: v for k, v in counters.items() if k.startswith("vocab_")}
 
 
-def _outside(files: list[str], out: str) -> list[str]:
-    """`files` minus those under `out`: `--out` inside an `--input` directory must not feed a
-    previous run's vocab.txt, shards and dead letters back in as text."""
-    if "://" in out:
-        return files
-    prefix = os.path.join(os.path.abspath(out), "")
-    kept = [f for f in files if "://" in f or not os.path.abspath(f).startswith(prefix)]
-    if not kept:
-        raise ValueError(f"every input file is inside --out {out}; write the corpus somewhere else")
-    return kept
 
 
 def _read_vocab_file(path: str) -> str:
@@ -301,10 +240,13 @@ def _lowercase(config: CorpusConfig, vocab_text: str) -> bool:
 
 def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     """Build the corpus in `config.out`; raises `ValueError` for bad settings before any work."""
+    options = pipeline_options(beam_args)
+    # Before any path is looked at: Beam hands a file system its options (--hdfs_host, --s3_endpoint_url,
+    # credentials) only when a Pipeline is built, and HDFS and S3 refuse to work without them.
+    FileSystems.set_options(options)
     config.validate()
     start = time.time()
-    files = _outside(expand_inputs(config.inputs), config.out)
-    options = pipeline_options(beam_args)
+    files = outside(expand_inputs(config.inputs), config.out)
     runner = options.view_as(beam.options.pipeline_options.StandardOptions).runner
     if runner == LOCAL_RUNNER:  # this process holds every stage's output
         log.debug("glibc mmap threshold fixed: %s", return_large_frees_to_os())
@@ -315,7 +257,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         lowercase = _lowercase(config, vocab_text)
         vocab_ids = _vocab_ids(vocab_text, config.vocab, lowercase)
     out = config.out.rstrip("/")
-    _clear_previous_output(out, config.vocab, vocab_text if config.vocab is not None else None)
+    clear_previous_output(out, config.vocab, vocab_text if config.vocab is not None else None)
     if not FileSystems.exists(out):
         FileSystems.mkdirs(out)
     tmp = FileSystems.join(out, TMP)
@@ -361,7 +303,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     shard_infos = sorted(_read_jsonl(FileSystems.join(tmp, "shards*")), key=lambda s: (s["split"] != "train", s["path"]))
     # Checked before the manifest is written: a failed corpus stays recognisably unfinished.
     _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files))
-    if not (config.vocab and _same_file(os.path.join(out, "vocab.txt"), config.vocab)):  # else: already these bytes
+    if not (config.vocab and same_file(FileSystems.join(out, "vocab.txt"), config.vocab)):  # else: already these bytes
         with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
             f.write(vocab_text.encode("utf-8"))
     cfg = dataclasses.asdict(config)
@@ -389,7 +331,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     }
     with FileSystems.create(FileSystems.join(out, "manifest.json")) as f:
         f.write(json.dumps(manifest, indent=2, sort_keys=False).encode("utf-8"))
-    FileSystems.delete([tmp])
+    delete_tree(tmp)
     log.info("corpus done in %.1f s: %s instances in %d shards; counters %s", time.time() - start,
              f"{manifest['num_instances']:,}", len(shard_infos), json.dumps(counters))
     return CorpusResult(Path(out), manifest, time.time() - start)

@@ -41,6 +41,11 @@ def _ignored(path: str) -> bool:
     )
 
 
+def _in_hidden_folder(path: str, root: str) -> bool:
+    """Whether `path`, below the folder `root`, lies inside a hidden folder under it."""
+    return any(part.startswith(".") for part in path[len(root):].split("/")[:-1]) if path.startswith(root) else False
+
+
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
     """Sorted, de-duplicated files named by paths, globs and (recursively) directories.
 
@@ -68,16 +73,19 @@ def _expand(pattern: str) -> list[str]:
         return [pattern]  # named by the user: read, whatever the ignore list says
     if "://" not in pattern:
         return _expand_local_glob(pattern)
+    root = pattern.rstrip("/") + "/"
     try:
-        result = FileSystems.match([pattern])[0]
+        # `gs://b/wiki/` names a folder: Beam reads it as `wiki/*`, the files directly in it, none below.
+        result = FileSystems.match([pattern])[0] if not pattern.endswith("/") else None
     except Exception as err:  # Beam raises BeamIOError for unknown schemes and bad patterns
         raise ValueError(f"input {pattern}: {err}") from err
     explicit = not any(c in pattern for c in "*?[")
-    matched = [m.path for m in result.metadata_list if explicit or not _ignored(m.path)]
+    matched = [m.path for m in result.metadata_list if explicit or not _ignored(m.path)] if result else []
     if not matched:
-        # A remote "directory": match everything under it.
-        result = FileSystems.match([pattern.rstrip("/") + "/**"])[0]
-        matched = [m.path for m in result.metadata_list if not _ignored(m.path)]
+        # A remote "directory": everything under it, minus what the ignore list and hidden folders hold
+        # (`.bertpipe-tmp/`, `.git/`: a local walk never enters them).
+        result = FileSystems.match([root + "**"])[0]
+        matched = [m.path for m in result.metadata_list if not _ignored(m.path) and not _in_hidden_folder(m.path, root)]
     if not matched:
         ignored = f" it does not ignore ({_IGNORED_NOTE})" if result.metadata_list else ""
         raise ValueError(f"input {pattern} matches no file{ignored}; give existing files, directories or globs")

@@ -1,0 +1,132 @@
+"""The corpus job's output directory: what an earlier run left there, and what bertpipe may delete.
+
+One set of rules for a local `--out` and a remote one (gs://, s3://, hdfs://). Object stores have no
+directories: a "folder" is a key prefix, `FileSystems.delete` of a prefix without a trailing `/` finds
+no object, and a listing is by prefix. So everything here lists objects under `OUT/` and deletes
+the objects themselves: a rerun with fewer shards must not leave the earlier shards (or the earlier
+run's word counts and shard list in the temp folder) to be read as part of the new corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.manifest import FORMAT
+
+TMP = ".bertpipe-tmp"  # the job's temp folder in OUT; its presence marks an unfinished corpus of ours
+# Top-level names in OUT that a corpus writes (besides its shards).
+OWN_NAMES = ("manifest.json", TMP, "dead_letter", "vocab.txt")
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _entries(out: str) -> dict[str, list[str]]:
+    """Top-level name in `out` -> the files under it (a local folder is one entry, deleted as a whole)."""
+    if not is_remote(out):
+        if not os.path.isdir(out):
+            return {}
+        return {name: [os.path.join(out, name)] for name in os.listdir(out)}
+    prefix = out.rstrip("/") + "/"
+    found: dict[str, list[str]] = {}
+    for meta in FileSystems.match([prefix + "**"])[0].metadata_list:
+        if meta.path.startswith(prefix):
+            found.setdefault(meta.path[len(prefix):].split("/", 1)[0], []).append(meta.path)
+    return found
+
+
+def delete_tree(path: str) -> None:
+    """Remove a file or folder of ours, local or remote (on an object store: every object under it)."""
+    if not is_remote(path):
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+        return
+    objects = [m.path for m in FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list]
+    objects += [path] if FileSystems.exists(path) else []
+    if objects:
+        FileSystems.delete(objects)
+
+
+def same_file(a: str, b: str) -> bool:
+    if is_remote(a) or is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # b is gone
+        return False
+
+
+def previous_manifest(path: str) -> dict:
+    """An earlier corpus's manifest in --out; {} when there is none, or it does not parse as one."""
+    try:
+        if not FileSystems.exists(path):
+            return {}
+        with FileSystems.open(path) as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _built_with(manifest: str, vocab: str) -> bool:
+    """Whether the corpus whose manifest is `manifest` was built with `--vocab` naming the file `vocab`."""
+    config = previous_manifest(manifest).get("config")
+    source = config.get("vocab") if isinstance(config, dict) else None
+    return isinstance(source, str) and same_file(vocab, source)
+
+
+def _read_bytes(path: str) -> bytes:
+    with FileSystems.open(path) as f:
+        return f.read()
+
+
+def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | None) -> None:
+    """Remove an earlier corpus's files from `out` (a rerun with fewer shards must not leave stale ones),
+    but only where bertpipe provably wrote them: `out` holds our manifest or our unfinished-job folder.
+    Anything else under a name the corpus writes (a vocab.txt of the user's) is refused, not overwritten."""
+    entries = _entries(out)
+    names = [n for n in entries if n.endswith((".arrow", ".parquet")) and "-of-" in n or n in OWN_NAMES]
+    own_vocab = FileSystems.join(out, "vocab.txt")
+    manifest = FileSystems.join(out, "manifest.json")
+    if vocab_source and "vocab.txt" in names and same_file(own_vocab, vocab_source):
+        # `--vocab OUT/vocab.txt`: kept as it is, so it must already be what the corpus would write.
+        if _read_bytes(own_vocab) != vocab_text.encode("utf-8"):
+            raise ValueError(f"--vocab {vocab_source} is --out's own vocab.txt, and the corpus would rewrite it "
+                             "(it has a byte-order mark or CRLF line ends): pass a copy outside --out")
+        names.remove("vocab.txt")
+    elif "vocab.txt" in names and _built_with(manifest, own_vocab):
+        # The earlier corpus was built with `--vocab OUT/vocab.txt`: the user's file, never ours to delete.
+        raise ValueError(f"--out {out} holds the vocab.txt its earlier corpus was built with (--vocab {own_vocab}), "
+                         f"which bertpipe did not write: pass --vocab {own_vocab} to build with it again, "
+                         "or choose another --out")
+    if not names:
+        return
+    if not (TMP in entries or previous_manifest(manifest).get("format") == FORMAT):
+        raise ValueError(f"--out {out} holds {', '.join(sorted(names)[:3])}{' ...' if len(names) > 3 else ''}, "
+                         "which bertpipe did not write (no bertpipe manifest.json): choose another --out")
+    for name in names:
+        if is_remote(out):
+            FileSystems.delete(entries[name])
+        else:
+            delete_tree(os.path.join(out, name))
+
+
+def outside(files: list[str], out: str) -> list[str]:
+    """`files` minus those under `out`: `--out` inside an `--input` directory must not feed a
+    previous run's vocab.txt, shards and dead letters back in as text."""
+    if is_remote(out):
+        prefix = out.rstrip("/") + "/"
+        kept = [f for f in files if not f.startswith(prefix)]
+    else:
+        prefix = os.path.join(os.path.abspath(out), "")
+        kept = [f for f in files if is_remote(f) or not os.path.abspath(f).startswith(prefix)]
+    if not kept:
+        raise ValueError(f"every input file is inside --out {out}; write the corpus somewhere else")
+    return kept
