@@ -5,13 +5,16 @@
    least `min_frequency` times leave the job. Work grows with the corpus, memory with the number of
    distinct words per worker.
 2. `train_wordpiece` (driver): HF `tokenizers`' WordPiece trainer over the word-count table. Its
-   cost grows with the number of distinct words, not the corpus: counts are scaled so that at most
+   cost grows with the number of distinct words, not the corpus: counts are scaled so that about
    `max_trainer_words` word occurrences are fed, which keeps relative frequencies (what the merges
-   depend on) and bounds the driver's time.
+   depend on) and bounds the driver's time. A scaled count is rounded up or down at random, by a hash
+   of the word: every word keeps its expected frequency, so the many rare words keep their share (fed
+   once each, they had made up 76% of what the trainer saw where they were 26% of the text).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Iterable, Iterator
@@ -68,11 +71,18 @@ def _count_distinct(kv):
     return kv
 
 
+def _dither(word: str) -> float:
+    """A number in [0, 1) fixed by the word: deterministic rounding that is unbiased over many words."""
+    return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "big") / 2.0**64
+
+
 def _scaled_text(counts: list[tuple[str, int]], max_words: int) -> Iterator[str]:
     total = sum(c for _, c in counts)
     scale = max(1.0, total / max_words)
     for word, count in counts:
-        repeat = max(1, math.ceil(count / scale))
+        # Unscaled (a corpus under max_words) every count is exact; scaled, a word below the scale goes in
+        # once or not at all, in proportion to its count.
+        repeat = count if scale == 1.0 else math.floor(count / scale + _dither(word))
         # Lines of bounded size so the trainer never sees a giant string.
         while repeat > 0:
             n = min(repeat, 4096)
