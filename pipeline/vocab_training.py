@@ -9,7 +9,8 @@
    `max_trainer_words` word occurrences are fed, which keeps relative frequencies (what the merges
    depend on) and bounds the driver's time. A scaled count is rounded up or down at random, by a hash
    of the word: every word keeps its expected frequency, so the many rare words keep their share (fed
-   once each, they had made up 76% of what the trainer saw where they were 26% of the text).
+   at least once each, on two bundled books scaled 100x, words seen under 100 times were 32% of the
+   text and 87% of what the trainer saw).
 """
 
 from __future__ import annotations
