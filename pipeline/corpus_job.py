@@ -27,7 +27,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.corpus_output import TMP, clear_previous_output, delete_tree, outside, same_file
+from pipeline.atomic_write import write_text_atomic
+from pipeline.corpus_output import TMP, clear_previous_output, delete_tree, is_remote, outside, same_file
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
@@ -329,8 +330,14 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         "inputs": files,
         "config": cfg,
     }
-    with FileSystems.create(FileSystems.join(out, "manifest.json")) as f:
-        f.write(json.dumps(manifest, indent=2, sort_keys=False).encode("utf-8"))
+    # The manifest marks a finished corpus: never half there. Locally written aside and renamed; an object
+    # store makes an object visible only once it is whole.
+    text = json.dumps(manifest, indent=2, sort_keys=False)
+    if is_remote(out):
+        with FileSystems.create(FileSystems.join(out, "manifest.json")) as f:
+            f.write(text.encode("utf-8"))
+    else:
+        write_text_atomic(os.path.join(out, "manifest.json"), text)
     delete_tree(tmp)
     log.info("corpus done in %.1f s: %s instances in %d shards; counters %s", time.time() - start,
              f"{manifest['num_instances']:,}", len(shard_infos), json.dumps(counters))
