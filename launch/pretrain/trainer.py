@@ -29,8 +29,8 @@ from launch.pretrain.pretrain_config import PretrainConfig
 from launch.pretrain.preflight import preflight
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
 from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile_blocks, compile_enabled, to_device
-from launch.log import launcher_world_size
-from launch.pretrain.launcher import STOP_SIGNALS, free_port
+from launch.log import global_rank, launcher_world_size
+from launch.pretrain.launcher import STOP_SIGNALS, free_port, warn_stale_build_locks
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import apply_after_load, build_scheduler
@@ -62,6 +62,8 @@ def init_distributed() -> None:
                           MASTER_PORT=str(free_port()))
     if not dist.is_initialized():
         backend = "nccl" if get_accelerator().device_name() == "cuda" else "gloo"
+        if backend == "gloo" and global_rank() == 0:
+            warn_stale_build_locks()
         # The other ranks wait in a collective while rank 0 hashes the corpus (preflight, every launch):
         # tens of GiB over network storage outlast DeepSpeed's 10-minute default, and a restarted job
         # would time out the same way each time. DEEPSPEED_TIMEOUT (minutes) still sets it.

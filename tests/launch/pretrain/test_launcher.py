@@ -100,3 +100,20 @@ def test_a_rank_started_by_mpirun_is_seen_as_under_a_launcher(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "8")
     assert launcher_world_size() == 8
+
+
+def test_a_build_lock_left_by_a_killed_run_is_named_not_waited_on_in_silence(tmp_path, monkeypatch, caplog):
+    # A run killed while torch held DeepSpeed's op build lock left `deepspeed_shm_comm/lock`: every later
+    # CPU run hung in init_distributed without a line of output (seen here after a killed test run).
+    import os
+
+    from launch.pretrain.launcher import warn_stale_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    assert warn_stale_build_locks() == []  # a build going on now
+    os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    assert warn_stale_build_locks() == [lock]
+    assert f"{lock} is 60 minutes old" in caplog.text and "delete it" in caplog.text
