@@ -209,7 +209,9 @@ def load_config(cls: type[T], config: str | Path | None = None, overrides: Seque
 
 
 def save_config(obj: Any, path: str | Path) -> None:
-    """Write the resolved config tree as YAML (what a run actually used, defaults included)."""
+    """Write the resolved config tree as YAML (what a run actually used, defaults included); whole or not
+    at all, as `--resume` reads RUN/config.yaml back as the run's settings."""
+    from pipeline.atomic_write import write_text_atomic
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(to_dict(obj), f, sort_keys=False)
+    write_text_atomic(path, yaml.safe_dump(to_dict(obj), sort_keys=False))

@@ -29,6 +29,7 @@ from launch.errors import CliError
 from launch.config import save_config
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
 from launch.log import setup_logging
+from pipeline.output_lock import OutputLock, OutputLocked
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging()
-    from launch.finetune.feature_extraction import FeatureExtractor, read_texts, write_pooled, write_tokens
+    from launch.finetune.feature_extraction import FeatureExtractor, read_texts
     from launch.finetune.finetune_config import FeaturesConfig
 
     warn_deprecated("features", args.overrides)
@@ -70,6 +71,24 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{args.input} contains no texts")
 
     out_base = args.out.with_suffix("") if args.out.suffix in (".npy", ".parquet") else args.out
+    out_base.parent.mkdir(parents=True, exist_ok=True)
+    # One writer per output: two runs shared the partial file, and one renamed the other's away.
+    lock = out_base.parent / f".{out_base.name}.bertpipe.lock"
+    try:
+        with OutputLock(out_base, "features", lock_file=lock):
+            data_file, elapsed = _write(args, cfg, extractor, texts, out_base)
+    except OutputLocked as err:
+        raise CliError(str(err)) from None
+    if extractor.truncated:
+        logger.warning("%d of %d texts were longer than %d word pieces and were truncated",
+                       extractor.truncated, len(texts), extractor.max_len)
+    print(f"wrote {data_file}: {len(texts)} texts, layers={cfg.layers}, pool={cfg.pool}, width={extractor.width}, "
+          f"{len(texts) / max(elapsed, 1e-9):.1f} texts/s")
+    return 0
+
+
+def _write(args: argparse.Namespace, cfg, extractor, texts: list[str], out_base: Path) -> tuple[Path, float]:
+    """The features and their settings file, under the output's lock; (data file, seconds)."""
     data_file = out_base.with_name(out_base.name + _data_suffix(cfg.pool))
     sidecar = out_base.with_name(out_base.name + ".features.yaml")  # the resolved settings; proves we wrote data_file
     settings = _our_settings(sidecar, cfg) if sidecar.is_file() else None
@@ -79,7 +98,6 @@ def run(args: argparse.Namespace) -> int:
     if data_file.exists() and described != data_file.suffix:
         raise CliError(f"{data_file} exists and `bertpipe features` did not write it (no {sidecar.name} beside it "
                        "describing it); choose another --out")
-    out_base.parent.mkdir(parents=True, exist_ok=True)
     # The features the old settings describe (ours) are removed before the new settings are written, and the
     # new ones appear whole (renamed from a partial file): an interrupted run leaves settings without data,
     # never data the settings misdescribe.
@@ -88,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     save_config(cfg, sidecar)
 
     from tqdm import tqdm
+
+    from launch.finetune.feature_extraction import write_pooled, write_tokens
 
     partial = data_file.with_name(f".{data_file.name}.partial")
     start = time.perf_counter()
@@ -99,12 +119,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         partial.unlink(missing_ok=True)
     elapsed = time.perf_counter() - start
-    if extractor.truncated:
-        logger.warning("%d of %d texts were longer than %d word pieces and were truncated",
-                       extractor.truncated, len(texts), extractor.max_len)
-    print(f"wrote {data_file}: {len(texts)} texts, layers={cfg.layers}, pool={cfg.pool}, width={extractor.width}, "
-          f"{len(texts) / max(elapsed, 1e-9):.1f} texts/s")
-    return 0
+    return data_file, elapsed
 
 
 def _our_settings(path: Path, cfg) -> dict | None:

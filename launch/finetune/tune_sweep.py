@@ -246,8 +246,9 @@ def _trainable(config: dict[str, Any]) -> None:
 
 
 def holds_sweep(out: str | Path) -> bool:
-    """Whether `out` already holds a (finished or interrupted) sweep, which only `resume=True` continues."""
-    return (Path(out) / CONFIG_FILE).is_file() or (Path(out) / EXPERIMENT).exists()
+    """Whether `out` already holds a (finished or interrupted) sweep, which only `resume=True` continues.
+    Our settings file is the proof (written before Ray starts): a folder named `tune` is anyone's."""
+    return (Path(out) / CONFIG_FILE).is_file()
 
 
 def base_settings(task: str, checkpoint: str | Path, data_dir: str | Path, overrides: dict[str, Any] | None,

@@ -170,3 +170,23 @@ def test_parse_layers_rows_of_table_7():
     assert parse_layers("1, -1", 12).indices == [1, 12]
     with pytest.raises(ValueError, match="at least 4"):
         parse_layers("last4-sum", 2)
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_writes(minilm_dir, texts_file, tmp_path, capsys):
+    # Two runs on one --out shared `.OUT.npy.partial`: one renamed the other's file away, and died in a traceback
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / ".x.bertpipe.lock").write_text(json.dumps(
+            {"pid": holder.pid, "host": socket.gethostname(), "command": "features", "since": "then"}))
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["features", "--checkpoint", str(minilm_dir), "--input", str(texts_file), "--out", str(tmp_path / "x")])
+        assert exc.value.code == 2 and f"being written by `bertpipe features` (pid {holder.pid}" in capsys.readouterr().err
+        assert not list(tmp_path.glob("x*")) and not list(tmp_path.glob(".x.*partial"))
+    finally:
+        holder.kill()
+        holder.wait()

@@ -181,6 +181,13 @@ def test_a_folder_with_the_users_results_md_is_refused_before_ray_starts(tiny_ch
         with pytest.raises(ValueError, match="holds results.md, which `bertpipe sweep` did not write"):
             run_sweep(["sst2"], tiny_checkpoint, GLUE, mine, grid="quick", overrides=TRIAL, resume=resume)
     assert [p.name for p in mine.iterdir()] == ["results.md"] and (mine / "results.md").read_text() == "# my draft\n"
+    # a folder of the user's that happens to be named `tune` is no proof the results are ours (with --resume
+    # they were overwritten)
+    (mine / "tune").mkdir()
+    for resume in (False, True):
+        with pytest.raises(ValueError, match="which `bertpipe sweep` did not write"):
+            run_sweep(["sst2"], tiny_checkpoint, GLUE, mine, grid="quick", overrides=TRIAL, resume=resume)
+    assert (mine / "results.md").read_text() == "# my draft\n"
 
 
 def test_a_trial_is_named_by_what_it_runs_so_more_seeds_or_tasks_keep_the_finished_names(tiny_checkpoint, tmp_path):
