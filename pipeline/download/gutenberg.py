@@ -185,6 +185,11 @@ def _fetch_book(
 ) -> tuple[dict[str, Any], bool]:
     """The book's manifest entry, and whether `dest` was written (False: it already held exactly this text)."""
     raw_dest = dest.with_name(dest.name + ".partial")
+    if raw_dest.exists():
+        # Left by a run killed between the download and its clean-up (or someone's file of that name): said
+        # before downloading, as the download could never be published over it.
+        raise ExistingFileError(f"{raw_dest} is left from an interrupted download (or is not bertpipe's); "
+                                "delete or move it and rerun to fetch the book")
     fetched = None
     for url in book_urls(mirror, book.id):
         try:

@@ -271,6 +271,11 @@ def _attempt(
     (and `MaxRetryError` once urllib3 has spent the budget) raise."""
     part, meta = part_path(dest), _meta_path(dest)
     offset = part.stat().st_size if part.exists() else 0
+    if offset and not meta.exists():
+        # No record of ours beside it (written before the first byte): someone else's partial download
+        # (a browser's NAME.part), never ours to delete.
+        raise ExistingFileError(f"{part} is there and bertpipe did not start it (no {meta.name} beside it); "
+                                "move it aside and rerun")
     saved = _read_meta(meta, url) if offset else {}
     if offset and not saved:
         # Bytes of another URL (another mirror, edition or date) or of unknown origin: resuming would

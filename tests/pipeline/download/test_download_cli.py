@@ -172,6 +172,19 @@ def test_a_book_file_bertpipe_did_not_write_is_not_replaced(mirror, tmp_path: Pa
     assert "gutenberg/121.txt" not in manifest["files"] and manifest["sources"]["gutenberg"]["books"] == []
 
 
+def test_a_raw_book_left_by_a_killed_run_is_named_before_downloading(mirror, tmp_path: Path, capsys) -> None:
+    # Killed between the raw download and its clean-up: every rerun downloaded the book again and then
+    # skipped it as "appeared while it was being downloaded"
+    out = tmp_path / "raw"
+    (out / "gutenberg").mkdir(parents=True)
+    (out / "gutenberg" / "105.txt.partial").write_bytes(b"raw book text")
+    before = len(mirror.log)
+    rc, stdout, err = _run(["download", "books", "--ids", "105", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert "skipped #105: " in stdout and "105.txt.partial is left from an interrupted download" in stdout
+    assert len(mirror.log) == before and (out / "gutenberg" / "105.txt.partial").read_bytes() == b"raw book text"
+
+
 def test_a_book_file_that_appears_while_the_book_is_written_is_not_replaced(mirror, tmp_path: Path, capsys,
                                                                             monkeypatch) -> None:
     # The name was free when checked; a file put there before the publish step (another program, the

@@ -254,6 +254,17 @@ def test_a_part_file_started_from_another_url_is_not_resumed(mirror, tmp_path: P
     assert mirror.requests_for(other)[0].range is None  # started over, no Range into someone else's bytes
 
 
+def test_a_part_file_bertpipe_did_not_start_is_left_alone(mirror, tmp_path: Path) -> None:
+    # A browser names its partial downloads NAME.part too: one with no record of ours beside it was deleted
+    from pipeline.download.errors import ExistingFileError
+
+    dest = tmp_path / "dump.xml.bz2"
+    part_path(dest).write_bytes(b"someone else's half file")
+    with pytest.raises(ExistingFileError, match=r"dump.xml.bz2.part is there and bertpipe did not start it"):
+        fetch(mirror.url + PATH, dest, policy=FAST)
+    assert part_path(dest).read_bytes() == b"someone else's half file" and not dest.exists()
+
+
 def test_one_download_per_file_and_never_over_a_file_that_appears_meanwhile(mirror, tmp_path: Path) -> None:
     from pipeline.download.errors import DownloadError, ExistingFileError
     from pipeline.download.publish import only_writer
