@@ -191,7 +191,9 @@ def run_theirs(args, seed: int, variants: set[str], data) -> Run:
         {"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)], "weight_decay": 0.01},
         {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
     ]
-    opt = torch.optim.AdamW(groups, lr=args.lr, eps=1e-6 if "theirs-eps" in variants else 1e-8)
+    # fused, as ours and as transformers' Trainer (adamw_torch_fused for torch >= 2.8): the per-tensor loop
+    # took ~0.16 s more per step on 22M parameters at 1 thread, credited to our side until 2026-11-26.
+    opt = torch.optim.AdamW(groups, lr=args.lr, eps=1e-6 if "theirs-eps" in variants else 1e-8, fused=True)
     steps = args.epochs * len(loader)
     warmup = int(0.1 * steps)  # as ours: FinetuneConfig.warmup = 0.1 of the steps
     if "theirs-our-schedule" in variants:

@@ -20,7 +20,10 @@ CPU_BENCHMARKS = ["corpus_throughput", "loader_throughput", "model_step", "finet
                   "shard_verify", "finetune_vs_transformers"]
 # Arguments under `make bench`: the accuracy comparison runs its minutes-long --quick form there; the
 # recorded multi-seed runs (docs/PERFORMANCE.md "Fine-tuning parity") take hours on 2 cores.
-ARGS = {"finetune_vs_transformers": ["--quick"]}
+ARGS = {"finetune_vs_transformers": ["--quick"],
+        # its defaults are both phases at the presets' full accumulation (hours) and corpora built with Beam,
+        # which GPU images lack: the ~1-minute seq-128 form on the corpora `--prepare` builds here
+        "pretrain_gpu": ["--phases", "128", "--accumulation", "4", "--steps", "2", "--corpus-dir", ".bench/large"]}
 GPU_BENCHMARKS = ["pretrain_gpu"]
 
 
