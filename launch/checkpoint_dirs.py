@@ -23,9 +23,11 @@ must be the same vocabulary, else the run stops before training.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,8 +194,20 @@ def _is_cached_export(path: Path, run_dir: Path, tag: str) -> bool:
         return False
     record = _export_record(path)
     identity = _checkpoint_identity(Path(run_dir) / "checkpoints", tag)
-    return (record.get("run") == str(Path(run_dir).resolve()) and record.get("tag") == tag
-            and identity is not None and record.get("checkpoint_sha256") == identity)
+    if not (record.get("run") == str(Path(run_dir).resolve()) and record.get("tag") == tag
+            and identity is not None and record.get("checkpoint_sha256") == identity):
+        return False
+    # What we wrote is what we read back: an export changed since (or made before its files were recorded)
+    # is made again, not used.
+    recorded = record.get("file_records")
+    if not isinstance(recorded, dict) or not recorded:
+        return False
+    now = {name: r for name, r in file_records(path).items() if name != EXPORT_MARKER}
+    if now != recorded:
+        changed = sorted(n for n in set(now) | set(recorded) if now.get(n) != recorded.get(n))
+        logger.warning("%s: %s changed since bertpipe exported it; exporting again", path, ", ".join(changed))
+        return False
+    return True
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -214,17 +228,47 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if tags and _is_cached_export(path / "export" / tags[0], path, tags[0]):
             return path / "export" / tags[0]  # exported earlier from this very checkpoint: safetensors
         tag = select_checkpoint(ckpt_dir)
-        if not _is_cached_export(path / "export" / tag, path, tag):
+        out = path / "export" / tag
+        if not _is_cached_export(out, path, tag):
             try:
-                export_run(path, path / "export" / tag, tag=tag, verified=True)
+                with _export_lock(out):  # sweep trials resolve the same run at once: one exports, the others wait
+                    if not _is_cached_export(out, path, tag):
+                        export_run(path, out, tag=tag, verified=True)
             except OSError as err:  # a read-only run directory, or RUN/export a file
-                raise ValueError(f"cannot write the export of {path} to {path / 'export' / tag} "
+                raise ValueError(f"cannot write the export of {path} to {out} "
                                  f"({err.strerror or err}); run `bertpipe export {path} --out DIR` with a "
                                  f"writable DIR and pass DIR instead") from None
-        return path / "export" / tag
+        return out
     raise ValueError(f"{path} holds no BERT: it is neither a run directory of `bertpipe pretrain` (no checkpoints/) "
                      f"nor a Hugging Face model directory (config.json and one of {', '.join(WEIGHT_FILES)}); "
                      f"pass one of those")
+
+
+def export_lock_file(out: Path) -> Path:
+    """The lock of an export folder: beside it, as the export is renamed into place whole."""
+    return out.parent / f".{out.name}.bertpipe.lock"
+
+
+@contextlib.contextmanager
+def _export_lock(out: Path, poll_s: float = 2.0):
+    """Hold `out`'s export lock, waiting (with one line saying so) while another process holds it."""
+    from pipeline.output_lock import OutputLock, OutputLocked
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock, said = OutputLock(out, "export", lock_file=export_lock_file(out)), False
+    while True:
+        try:
+            lock.acquire()
+            break
+        except OutputLocked as err:
+            if not said:
+                logger.info("waiting for the other export of %s to finish: %s", out, err)
+                said = True
+            time.sleep(poll_s)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:
@@ -274,7 +318,8 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
         write_export(ckpt_dir, tag, meta, tmp, run_dir)
         marker = {"format": "bertpipe-export", "run": str(run_dir.resolve()), "tag": tag,
                   "checkpoint_sha256": _checkpoint_identity(ckpt_dir, tag),
-                  "files": sorted(p.name for p in tmp.iterdir()) + [EXPORT_MARKER]}
+                  "files": sorted(p.name for p in tmp.iterdir()) + [EXPORT_MARKER],
+                  "file_records": file_records(tmp)}
         (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         _as_umask_allows(tmp)
         _place(tmp, out)

@@ -28,13 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging()
-    from launch.checkpoint_dirs import export_run
+    from launch.checkpoint_dirs import export_lock_file, export_run
     from pipeline.output_lock import OutputLock
 
     # One writer per --out: the lock sits beside it, as the export is renamed into place whole.
-    lock = args.out.parent / f".{args.out.name}.bertpipe.lock"
     try:
-        with OutputLock(args.out, "export", lock_file=lock):
+        with OutputLock(args.out, "export", lock_file=export_lock_file(args.out)):
             out = export_run(args.run, args.out, tag=args.tag, overwrite=args.overwrite)
     except ValueError as err:
         raise CliError(str(err)) from None

@@ -379,6 +379,13 @@ def test_the_export_cache_follows_the_checkpoint_it_was_made_from(run, tmp_path)
     assert resolve_checkpoint(out) == cached
     assert json.loads((cached / "bertpipe_export.json").read_text())["checkpoint_sha256"] != before
 
+    # The export itself changed since it was written (a damaged byte): made again, not read back as it is.
+    good = _weights(cached)
+    damaged = bytearray(good)
+    damaged[-100] ^= 0xFF
+    (cached / "model.safetensors").write_bytes(bytes(damaged))
+    assert resolve_checkpoint(out) == cached and _weights(cached) == good
+
 
 def test_an_export_is_readable_as_the_umask_allows_and_has_one_writer(run, tmp_path):
     import stat
@@ -424,3 +431,31 @@ def test_resume_takes_a_rebuild_of_its_corpus_elsewhere_and_refuses_another_corp
     done = bertpipe("pretrain", "--data", moved, "--out", out, "--nproc", "2", *TRAIN, "--resume")
     assert done.returncode == 2, done.stderr[-3000:]
     assert f"--data {moved} is not the corpus this run was trained on ({small_corpus}:" in done.stderr
+
+
+def test_runs_resolved_at_once_export_once_the_others_wait(run, tmp_path, caplog):
+    # Sweep trials resolve the same run together: each exported it into RUN/export/<tag>, replacing files
+    # under the others' feet. Now one holds the export's lock and the others wait for it.
+    import logging
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from launch.checkpoint_dirs import export_lock_file, resolve_checkpoint
+
+    out = copy_run(run, tmp_path / "run")
+    target = out / "export" / "global_step8"
+    target.parent.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    lock = export_lock_file(target)
+    lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "command": "export", "since": "then"}))
+    threading.Timer(3.0, lock.unlink).start()  # the other export finishes
+    try:
+        with caplog.at_level(logging.INFO, logger="launch.checkpoint_dirs"):
+            assert resolve_checkpoint(out) == target
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "waiting for the other export" in caplog.text and (target / "model.safetensors").is_file()
+    assert not lock.exists()
