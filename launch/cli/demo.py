@@ -27,7 +27,7 @@ from pathlib import Path
 from launch.cli import main as cli_main
 from launch.errors import CliError
 from launch.log import get_logger, setup_logging
-from pipeline.output_lock import mark_output
+from pipeline.output_lock import LOCK_NAME, OutputLock, OutputLocked, mark_output
 
 log = get_logger(__name__)
 
@@ -56,7 +56,7 @@ def _check_out(out: Path) -> None:
     cleared): never over files of the user's that happen to share a name with its outputs."""
     if out.exists() and not out.is_dir():
         raise CliError(f"--out {out} is a file; pass a folder for the demo's output")
-    if out.is_dir() and not (out / MARKER).is_file() and any(out.iterdir()):
+    if out.is_dir() and not (out / MARKER).is_file() and any(p.name != LOCK_NAME for p in out.iterdir()):
         raise CliError(f"--out {out} is not empty and was not written by `bertpipe demo` (no {MARKER}); "
                        "choose a new or empty --out")
 
@@ -68,6 +68,9 @@ def _clear_previous_demo(out: Path) -> None:
     for name in WRITTEN:
         path = out / name
         if path.is_dir() and not path.is_symlink():
+            # not while another process writes it (a `bertpipe pretrain --out OUT/run` of the user's)
+            with OutputLock(path, "demo"):
+                pass
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
@@ -88,6 +91,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"bundled data not found at {DATA}; run the demo from a checkout of the repository")
     out: Path = args.out
     _check_out(out)
+    try:
+        with OutputLock(out, "demo"):  # one demo per --out
+            return _run(args, out)
+    except OutputLocked as err:
+        raise CliError(str(err)) from None
+
+
+def _run(args: argparse.Namespace, out: Path) -> int:
     corpus, run_dir, hf_dir, sweep_dir = out / "corpus", out / "run", out / "hf_model", out / "sweep"
     if args.fresh and out.exists():
         _clear_previous_demo(out)

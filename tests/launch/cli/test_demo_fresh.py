@@ -27,3 +27,26 @@ def test_fresh_deletes_the_demo_outputs_and_keeps_the_rest(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     _clear_previous_demo(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_fresh_leaves_a_folder_another_process_is_writing(tmp_path):
+    # `demo --fresh` deleted OUT/run while a `bertpipe pretrain --out OUT/run` of the user's was writing it
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from pipeline.output_lock import LOCK_NAME, OutputLocked
+
+    (tmp_path / MARKER).write_text("demo")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run" / LOCK_NAME).write_text(json.dumps(
+            {"pid": holder.pid, "host": socket.gethostname(), "command": "pretrain", "since": "then"}))
+        with pytest.raises(OutputLocked, match="being written by `bertpipe pretrain`"):
+            _clear_previous_demo(tmp_path)
+        assert (tmp_path / "run" / "checkpoints").is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
