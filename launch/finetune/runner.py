@@ -41,7 +41,9 @@ logger = logging.getLogger(__name__)
 # the run's own config.yaml naming this --out) must prove an earlier `finetune` wrote them.
 OUT_MARKER = ".bertpipe-finetune"
 OUT_FILES = ("config.yaml", "metrics.json", "predictions", "submission", "confusion_matrix.txt",
-             "confusion_matrix.png", "model", "head", "log_history.json", "learning_curve.png", "tensorboard")
+             "confusion_matrix.png", "confusion_matrix_mismatched.txt", "confusion_matrix_mismatched.png",
+             "dev_entity_report.txt", "test_entity_report.txt", "model", "head", "log_history.json",
+             "learning_curve.png", "tensorboard")
 SUBSET_SEED = 0  # subsets are the same for every trial seed: seeds then vary only init and order
 
 

@@ -229,6 +229,11 @@ def test_out_never_writes_over_what_bertpipe_did_not_write(tiny_checkpoint, tmp_
                   "--out", str(mine), *QUICK], capsys)
     assert "holds metrics.json, which `bertpipe finetune` did not write" in err
     assert [p.name for p in mine.iterdir()] == ["metrics.json"] and (mine / "metrics.json").read_text() == '{"my": "numbers"}'
+    (mine / "metrics.json").unlink()
+    (mine / "dev_entity_report.txt").write_text("my report")  # NER's per-split report: refused too
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+                  "--out", str(mine), *QUICK], capsys)
+    assert "holds dev_entity_report.txt, which `bertpipe finetune` did not write" in err
 
     out = tmp_path / "sst2"
     finetune("sst2", GLUE, tiny_checkpoint, out)
