@@ -233,6 +233,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
             try:
                 with _export_lock(out):  # sweep trials resolve the same run at once: one exports, the others wait
                     if not _is_cached_export(out, path, tag):
+                        if out.is_dir() and any(out.iterdir()) and not is_export_of(out, path):
+                            raise ValueError(f"{out} holds files that are not an export of {path} (no readable "
+                                             f"{EXPORT_MARKER}); move it aside and rerun")
                         export_run(path, out, tag=tag, verified=True)
             except OSError as err:  # a read-only run directory, or RUN/export a file
                 raise ValueError(f"cannot write the export of {path} to {out} "

@@ -386,6 +386,13 @@ def test_the_export_cache_follows_the_checkpoint_it_was_made_from(run, tmp_path)
     (cached / "model.safetensors").write_bytes(bytes(damaged))
     assert resolve_checkpoint(out) == cached and _weights(cached) == good
 
+    # Its marker unreadable: nothing proves the files there are ours, so they are not replaced, and the
+    # message says what to do (it advised --overwrite, which finetune and features do not have).
+    (cached / "bertpipe_export.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"holds files that are not an export of .*move it aside and rerun"):
+        resolve_checkpoint(out)
+    assert _weights(cached) == good
+
 
 def test_an_export_is_readable_as_the_umask_allows_and_has_one_writer(run, tmp_path):
     import stat
