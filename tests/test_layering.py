@@ -4,7 +4,7 @@
   and nothing of ours (it is the bottom layer);
 - `pipeline/` imports nothing from `launch/` (data flows up: launch uses pipeline, never back);
 - no import cycles between our modules;
-- no two modules under `launch/` share a file name; no Python file over 450 lines.
+- no two modules under `launch/` share a file name; no Python file in `pipeline/`, `model/`, `launch/` over 450 lines.
 """
 
 from __future__ import annotations
