@@ -249,7 +249,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def export_lock_file(out: Path) -> Path:
     """The lock of an export folder: beside it, as the export is renamed into place whole."""
-    return out.parent / f".{out.name}.bertpipe.lock"
+    from pipeline.output_lock import lock_beside
+
+    return lock_beside(out)
 
 
 @contextlib.contextmanager

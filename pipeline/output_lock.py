@@ -33,6 +33,12 @@ HEARTBEAT_S = 15.0  # the holder refreshes the lock file's modification time thi
 LEASE_S = 60.0  # without a refresh for this long (watched for at least 2 heartbeats), the holder is gone
 
 
+def lock_beside(out: Path) -> Path:
+    """The lock of an output that must not exist until it is whole (renamed into place): `.OUT.bertpipe.lock`
+    beside it, for `OutputLock(out, command, lock_file=lock_beside(out))`."""
+    return out.parent / f".{out.name}.bertpipe.lock"
+
+
 class OutputLocked(ValueError):
     """Another live process writes this output directory (a user error: the message says what to do)."""
 

@@ -29,7 +29,7 @@ from launch.errors import CliError
 from launch.config import save_config
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
 from launch.log import setup_logging
-from pipeline.output_lock import OutputLock, OutputLocked
+from pipeline.output_lock import OutputLock, OutputLocked, lock_beside
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,8 @@ def run(args: argparse.Namespace) -> int:
     out_base = args.out.with_suffix("") if args.out.suffix in (".npy", ".parquet") else args.out
     out_base.parent.mkdir(parents=True, exist_ok=True)
     # One writer per output: two runs shared the partial file, and one renamed the other's away.
-    lock = out_base.parent / f".{out_base.name}.bertpipe.lock"
     try:
-        with OutputLock(out_base, "features", lock_file=lock):
+        with OutputLock(out_base, "features", lock_file=lock_beside(out_base)):
             data_file, elapsed = _write(args, cfg, extractor, texts, out_base)
     except OutputLocked as err:
         raise CliError(str(err)) from None
