@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import threading
+import time
 from typing import Sequence
 
 from launch.errors import CliError, disk_full_message
@@ -50,7 +53,34 @@ def _top_level_help() -> str:
     return "\n".join(lines)
 
 
+# After a Ctrl-C, how long the interpreter's shutdown (joining library threads, atexit handlers) may take.
+EXIT_GRACE_S = 20
+
+
+def _end_within(seconds: float, command: str, code: int) -> None:
+    """Make sure the process ends soon after an interrupt.
+
+    After the interrupted message, shutdown still joins every non-daemon thread and runs atexit
+    handlers; a library thread blocked on a service that the interrupt already stopped would hold
+    the exit forever. A sweep's driver, its local Ray already stopped, once hung there in CI (about
+    1 run in 20; the cause was not identified). A daemon timer ends the process with `code` if
+    shutdown is still running after `seconds`, and says what it was waiting for."""
+    def end() -> None:
+        time.sleep(seconds)
+        waiting = sorted(t.name for t in threading.enumerate()
+                         if not t.daemon and t is not threading.main_thread())
+        print(f"bertpipe {command}: still exiting after {seconds:.0f} s (waiting on threads: "
+              f"{', '.join(waiting) or 'none; atexit handlers'}); ended the process", file=sys.stderr, flush=True)
+        sys.stdout.flush()  # os._exit skips the interpreter's own flush
+        os._exit(code)
+
+    threading.Thread(target=end, name="bertpipe-exit-timer", daemon=True).start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand. `argv` None: this is the process's entry point (the console script,
+    `python -m launch.cli`), which may bound its own exit after Ctrl-C; tests pass `argv`."""
+    entry_point = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_top_level_help())
@@ -66,7 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(rest)
         module = importlib.import_module(COMMANDS[command][0])
     except KeyboardInterrupt:  # during the imports, before anything was written
-        print(f"bertpipe {command}: interrupted before it started", file=sys.stderr)
+        print(f"bertpipe {command}: interrupted before it started", file=sys.stderr, flush=True)
+        if entry_point:
+            _end_within(EXIT_GRACE_S, command, 130)
         return 130
     try:
         return int(module.run(args) or 0)
@@ -86,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         # One line, and how to continue: the command's partial output is left recognisably unfinished.
         hint = getattr(module, "ON_INTERRUPT", "run the same command again to start over")
-        print(f"bertpipe {command}: interrupted; {hint}", file=sys.stderr)
+        print(f"bertpipe {command}: interrupted; {hint}", file=sys.stderr, flush=True)
+        if entry_point:
+            _end_within(EXIT_GRACE_S, command, 130)
         return 130
 

@@ -119,3 +119,49 @@ def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["corpus", "--help"]) == 130
     assert capsys.readouterr().err.strip() == "bertpipe corpus: interrupted before it started"
+
+
+STUCK_AFTER_CTRL_C = """
+import sys, threading, types
+from launch import cli
+
+def run(args):
+    # A library's worker thread that will never finish (what held a sweep's exit after Ctrl-C in CI).
+    threading.Thread(target=threading.Event().wait, name="stuck-library-thread").start()
+    raise KeyboardInterrupt
+
+stuck = types.ModuleType("stuck_command")
+stuck.add_arguments, stuck.run = (lambda parser: None), run
+sys.modules["stuck_command"] = stuck
+cli.COMMANDS["stuck"] = ("stuck_command", "a command whose library thread hangs the exit")
+cli.EXIT_GRACE_S = float(sys.argv[1])
+sys.argv = ["bertpipe", "stuck"]
+sys.exit(cli.main())
+"""
+
+
+def test_a_thread_that_never_ends_cannot_hold_the_exit_after_ctrl_c(tmp_path):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", STUCK_AFTER_CTRL_C, "1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130 and time.monotonic() - started < 30
+    assert done.stderr.splitlines() == [
+        "bertpipe stuck: interrupted; run the same command again to start over",
+        "bertpipe stuck: still exiting after 1 s (waiting on threads: stuck-library-thread); ended the process"]
+
+
+def test_main_called_with_argv_leaves_its_caller_s_exit_alone(monkeypatch, capsys):
+    """Only the process's entry point bounds its exit: a test or a notebook calling main(argv) keeps running."""
+    import threading
+    from launch import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "EXIT_GRACE_S", 0)
+    module = type(sys)("interrupted_command")
+    module.add_arguments, module.run = (lambda parser: None), interrupted
+    monkeypatch.setitem(sys.modules, "interrupted_command", module)
+    monkeypatch.setitem(cli.COMMANDS, "interrupted", ("interrupted_command", "raises KeyboardInterrupt"))
+    assert cli.main(["interrupted"]) == 130
+    assert "bertpipe-exit-timer" not in [t.name for t in threading.enumerate()]
+    assert capsys.readouterr().err.startswith("bertpipe interrupted: interrupted; ")

@@ -156,6 +156,11 @@ def test_ctrl_c_on_sweep_is_one_line_and_exit_130(tiny_checkpoint, tmp_path, ray
             os.killpg(driver.pid, signal.SIGKILL)
     text = log.read_text()
     after = [line for line in text[offset:].splitlines() if " INFO " not in line]
+    # Once in CI (about 1 run in 20) the driver's shutdown never ended after this line (cause not found:
+    # no stack was taken). The CLI now ends the process after EXIT_GRACE_S with a second line naming
+    # what it waited on (tested in test_one_writer_and_interrupts.py).
+    if len(after) == 2 and after[1].startswith("bertpipe sweep: still exiting after "):
+        after.pop()
     assert len(after) == 1 and after[0].startswith("bertpipe sweep: interrupted; "), after
     assert "--resume" in after[0] and "Traceback" not in text
     assert not (out / "results.json").exists() and (out / "trials" / "sst2-bs32-ep1-lr5e-05-seed1" / RECORD).is_file()
