@@ -15,6 +15,7 @@ vocabulary and fine-tuning settings need before the checkpoint beats random init
      same architecture from random init (`--init random`), `--jobs` fine-tunings at a time;
   3. a table: run, step, samples seen, held-out MLM accuracy at that step, SST-2 dev accuracy mean
      +- population std, and the difference to random init (results.json and results.md in --out).
+--out must be new, empty, or an --out of an earlier run of this script (its .bertpipe-crossover).
 
   python bench/pretrain_crossover.py --corpus DEMO_OUT/corpus --out /tmp/xover     # GPU: the defaults
   python bench/pretrain_crossover.py --corpus C --out O --steps 40 --at 20 --budget-s 120 \
@@ -160,6 +161,20 @@ def stat(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.1f} +- {100 * statistics.pstdev(values):.1f}" if values else "-"
 
 
+MARKER = ".bertpipe-crossover"  # in an --out this script made: later runs may write there again
+
+
+def claim(out: Path) -> None:
+    """Write only into a new or empty --out, or one this script made: its results, logs and run folders
+    would otherwise replace a user's files of the same names."""
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise SystemExit(f"pretrain_crossover: --out {out} holds files this script did not write (no {MARKER}); "
+                         "choose a new or empty --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / MARKER).is_file():
+        (out / MARKER).write_text("written by bench/pretrain_crossover.py, which may write here again\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, required=True, help="the demo's corpus (bertpipe demo's OUT/corpus)")
@@ -180,7 +195,7 @@ def main() -> int:
     args.run = [parse_run(spec, args.batch) for spec in
                 args.run or ["tiny:tiny:lamb:0.02", "tiny-adamw:tiny:adamw:1e-3", "mini:mini:adamw:5e-4"]]
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    claim(out)
 
     walls = pretrain_all(args, out)
     extra = [] if args.max_train_samples is None else ["--max-train-samples", str(args.max_train_samples)]

@@ -82,6 +82,24 @@ def test_mlm_context_bench_scores_mask_targets_against_its_peers(small_corpus):
                          out.stdout), out.stdout
 
 
+def test_pretrain_crossover_bench_refuses_an_out_holding_someone_else_s_files(small_corpus, tmp_path):
+    (tmp_path / "results.md").write_text("my notes\n")
+    argv = [sys.executable, str(REPO / "bench" / "pretrain_crossover.py"), "--corpus", str(small_corpus),
+            "--out", str(tmp_path)]
+    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "holds files this script did not write" in out.stderr, out.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.md"]
+    assert (tmp_path / "results.md").read_text() == "my notes\n"
+
+    import importlib.util  # the script's own --out from an earlier run is taken again
+    spec = importlib.util.spec_from_file_location("pretrain_crossover", REPO / "bench" / "pretrain_crossover.py")
+    crossover = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crossover)
+    crossover.claim(tmp_path / "mine")
+    (tmp_path / "mine" / "results.md").write_text("an earlier run's table\n")
+    crossover.claim(tmp_path / "mine")
+
+
 @pytest.mark.slow
 def test_pretrain_crossover_bench_fine_tunes_each_checkpoint_beside_random_init(small_corpus, tmp_path):
     """bench/pretrain_crossover.py at toy size: pre-train, stop, export the chosen checkpoints, fine-tune
