@@ -11,8 +11,8 @@ Everything that takes a checkpoint (`features`, `finetune`, `sweep`, `pretrain`'
   cached in `RUN/export/<tag>/` (DeepSpeed is imported only then).
 
 `select_checkpoint(ckpt_dir)` is how `--resume`, `export` and the resolution pick a checkpoint: the
-newest whose files match the sizes and sha256s recorded at save (each one skipped is named, with
-why, in one log line), whose `.pt` files then hold nothing but tensors, plain values and the few
+newest whose files match the sizes and sha256s recorded at save, with no unrecorded tensor file (each
+one skipped is named, with why, in one log line), whose `.pt` files then hold nothing but tensors, plain values and the few
 DeepSpeed classes in `DEEPSPEED_SAFE_GLOBALS` (`launch.pretrain.hf_export`; else it is refused: a file that could run code is
 never loaded, and never silently passed over). A missing `latest` is no reason to start again.
 
@@ -109,7 +109,13 @@ def verify_checkpoint(ckpt_dir: Path, tag: str) -> str | None:
         records = [(folder / name, int(r["size"]), str(r["sha256"])) for name, r in meta.get("files", {}).items()]
     except (AttributeError, KeyError, TypeError, ValueError):
         return f"{folder / META} has no valid `files` records (size and sha256 per file)"
-    for path, size, sha256 in records:  # checkpoints written before the records existed have none
+    if "files" in meta:  # checkpoints written before the records existed have none
+        recorded = {path for path, _, _ in records}
+        unrecorded = sorted(p for p in folder.rglob("*") if p.suffix in (".pt", ".safetensors") and p not in recorded)
+        if unrecorded or not records:  # a tensor file no record covers would be loaded unverified
+            return (f"{unrecorded[0]} is not among the files {META} recorded (added after the save)" if unrecorded
+                    else f"{folder / META} records no files")
+    for path, size, sha256 in records:
         if not path.is_file():
             return f"{path} is missing"
         if path.stat().st_size != size:
@@ -389,12 +395,6 @@ class Checkpoint:
     lowercase: bool
 
 
-def _lowercase(hf_dir: Path, vocab: list[str]) -> bool:
-    """`do_lower_case` from tokenizer_config.json, else the vocabulary's own casing (`pipeline.vocab`)."""
-    declared = declared_lowercase(hf_dir)
-    return not vocab_is_cased(vocab) if declared is None else declared
-
-
 def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkpoint:
     """Validate a checkpoint directory before any training: BERT weights, config, a matching vocab."""
     path = Path(path)
@@ -438,7 +438,8 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
     for special in ("[CLS]", "[SEP]", "[PAD]", "[UNK]"):
         if special not in tokens:
             raise DataError(f"{vocab_file} lacks the special token {special}; not a BERT WordPiece vocabulary")
-    return Checkpoint(hf_dir, vocab_file, len(tokens), _lowercase(hf_dir, tokens))
+    declared = declared_lowercase(hf_dir)  # tokenizer_config.json's do_lower_case, else the vocabulary's casing
+    return Checkpoint(hf_dir, vocab_file, len(tokens), not vocab_is_cased(tokens) if declared is None else declared)
 
 
 def load_tokenizer(ckpt: Checkpoint):

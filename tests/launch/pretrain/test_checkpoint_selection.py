@@ -93,3 +93,18 @@ def test_a_universal_name_that_is_not_our_conversion_is_never_deleted(tmp_path):
     with pytest.raises(ValueError, match="global_step4_universal is not a folder bertpipe converted"):
         convert_to_universal(tmp_path, "global_step4")
     assert (mine / "keep.txt").read_text() == "keep"
+
+
+def test_a_tensor_file_no_record_covers_is_not_loaded_unverified(ckpt_dir):
+    # e.g. a rank's optimizer states copied in from another run after the save
+    extra = ckpt_dir / "global_step6" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    torch.save({"state": torch.zeros(2)}, extra)
+    assert verify_checkpoint(ckpt_dir, "global_step6") == f"{extra} is not among the files {META} recorded (added after the save)"
+    assert select_checkpoint(ckpt_dir) == "global_step4"
+    meta = ckpt_dir / "global_step4" / META
+    meta.write_text(json.dumps({"step": 4, "files": {}}))
+    assert verify_checkpoint(ckpt_dir, "global_step4") == f"{ckpt_dir / 'global_step4' / 'mp_rank_00_model_states.pt'} " \
+                                                          f"is not among the files {META} recorded (added after the save)"
+    for name in ("mp_rank_00_model_states.pt", "rng_rank0.pt"):
+        (ckpt_dir / "global_step4" / name).unlink()
+    assert verify_checkpoint(ckpt_dir, "global_step4") == f"{meta} records no files"
