@@ -10,6 +10,8 @@ continues with --resume (finished trials are kept).
 Grids: paper (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), quick (batch 32 x lr 5e-5/3e-5 x 1
 epoch), table7 (with --tasks conll2003: the six feature-based rows of the paper's Table 7 and the
 fine-tuning row, results next to the paper's column), or a YAML file mapping fine-tuning settings to lists (`lr: [5e-5, 1e-4]`).
+A grid may not vary what its trials do not use: --feature-based trials learn at --feature-lr, not
+--lr (sweep feature_lr in a YAML grid), and feature_lr / feature_head / lstm_hidden need --feature-based.
 
 examples:
   bertpipe sweep --tasks sst2,mrpc,rte --checkpoint runs/base --data-dir data/glue --out out/sweep

@@ -126,6 +126,10 @@ class FinetuneConfig:
         if self.max_seq_len is None:  # resolved here, so the config a run saves says what it ran
             self.max_seq_len = 384 if canonical_task(self.task or "") == "squad" else 128
 
+    def unused_settings(self) -> set[str]:
+        """Fields this setup does not read: a sweep varying one would run copies of the same trial."""
+        return {"lr"} if self.feature_based else {"feature_lr", "feature_head", "lstm_hidden"}
+
     def validate(self) -> None:
         """Refuse settings that cannot train, naming the flag to change."""
         checks = [

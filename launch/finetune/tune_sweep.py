@@ -100,6 +100,20 @@ def load_grid(grid: str | Path | dict[str, Any]) -> dict[str, list[Any]]:
             for k, v in raw.items()}
 
 
+def refuse_unused_grid_keys(grid: Any, grid_values: dict[str, list[Any]], config: FinetuneConfig) -> None:
+    """A grid key that varies but that a trial's setup does not read would run that trial once per value."""
+    unused = sorted(k for k, values in grid_values.items() if len(set(values)) > 1 and k in config.unused_settings())
+    if not unused:
+        return
+    name = f"grid {grid!r}" if isinstance(grid, str) and grid in GRIDS else "the grid"
+    if config.feature_based:
+        raise ValueError(f"{name} varies {', '.join(unused)}, which --feature-based trials do not use (the new head "
+                         "learns at --feature-lr): each value would run the same trials again; use a grid file "
+                         "without it, e.g. `batch_size: [16, 32]`, `epochs: [2, 3, 4]`, `feature_lr: [1.0e-3, 5.0e-4]`")
+    raise ValueError(f"{name} varies {', '.join(unused)}, which only --feature-based trials use: each value would "
+                     "run the same fine-tuning again; add --feature-based, or drop it from the grid")
+
+
 def expand(tasks: Sequence[str], grid: dict[str, list[Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
     """Every (task, grid point, seed) as a flat dict with a stable `index` (the trial's name)."""
     keys = sorted(grid)
@@ -318,7 +332,9 @@ def run_sweep(
         named[name] = p
     settings = {p["index"]: _settings(base, p, trials_dir) for p in points}
     for p in points:
-        from_dict(FinetuneConfig, settings[p["index"]]).validate()
+        config = from_dict(FinetuneConfig, settings[p["index"]])
+        config.validate()
+        refuse_unused_grid_keys(grid, grid_values, config)
     if holds_sweep(out) and not resume:
         raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
     refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=holds_sweep(out))

@@ -18,9 +18,12 @@ import yaml
 
 from launch.finetune.report import grid_lines, markdown_table, summarize
 from launch.finetune import table7
-from launch.finetune.tune_sweep import _settings, expand, load_grid, run_sweep, shared_base, trial_name
+from launch.config import from_dict
+from launch.finetune.finetune_config import FinetuneConfig
+from launch.finetune.tune_sweep import (_settings, expand, load_grid, refuse_unused_grid_keys, run_sweep, shared_base,
+                                       trial_name)
 
-from repo_paths import REPO
+from repo_paths import CONLL, REPO
 GLUE = REPO / "data" / "glue"
 TRIAL = {"max_train_samples": 32, "max_eval_samples": 32, "max_seq_len": 32}
 
@@ -206,6 +209,22 @@ def test_a_task_named_twice_is_refused_before_ray_starts(tiny_checkpoint, tmp_pa
     with pytest.raises(ValueError, match=r"--tasks names sst2 more than once \(sst2, SST-2\)"):
         run_sweep(["sst2", "SST-2"], tiny_checkpoint, GLUE, tmp_path / "sweep", grid="quick", overrides=TRIAL)
     assert not (tmp_path / "sweep").exists()
+
+
+def test_a_grid_varying_what_the_trials_do_not_use_is_refused_before_ray_starts(tiny_checkpoint, tmp_path):
+    # --feature-based trains the new head at --feature-lr: the paper grid's three lrs ran each trial three times
+    with pytest.raises(ValueError, match=r"grid 'paper' varies lr, which --feature-based trials do not use .*feature_lr: "):
+        run_sweep(["conll2003"], tiny_checkpoint, CONLL, tmp_path / "a", grid="paper",
+                  overrides={**TRIAL, "feature_based": True})
+    with pytest.raises(ValueError, match=r"the grid varies feature_lr, lstm_hidden, which only --feature-based trials use"):
+        run_sweep(["conll2003"], tiny_checkpoint, CONLL, tmp_path / "b",
+                  grid={"feature_lr": [1e-3, 5e-4], "lstm_hidden": [8, 16], "lr": [5e-5]}, overrides=TRIAL)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # what the message advises is taken: batch and epochs of the paper, feature_lr instead of lr
+    advised = load_grid({"batch_size": [16, 32], "epochs": [2, 3, 4], "feature_lr": [1e-3, 5e-4], "lr": [5e-5]})
+    for point in expand(["conll2003"], advised, [1]):
+        settings = {k: v for k, v in point.items() if k != "index"}
+        refuse_unused_grid_keys("advised.yaml", advised, from_dict(FinetuneConfig, {**settings, "feature_based": True}))
 
 
 def _free_ports(n: int) -> list[int]:
