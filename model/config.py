@@ -31,6 +31,8 @@ class BertConfig:
       max_position_embeddings: learned absolute positions (512).
       type_vocab_size: segment ids (2: sentence A / B).
       hidden_dropout_prob, attention_probs_dropout_prob: 0.1 each, as in the paper.
+      classifier_dropout: the fine-tuning heads' dropout; None (default) = hidden_dropout_prob, as in
+        transformers, whose checkpoints may set it.
       layer_norm_eps: 1e-12 as in the reference TensorFlow code.
       initializer_range: std of the truncated-normal-like init (0.02).
       pad_token_id: the id whose rows the attention mask usually masks out (0).
@@ -58,6 +60,7 @@ class BertConfig:
     type_vocab_size: int = 2
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
+    classifier_dropout: float | None = None
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
@@ -78,9 +81,13 @@ class BertConfig:
             raise ValueError(f"attention_impl must be 'eager' or 'sdpa', got {self.attention_impl!r}")
         if self.pad_vocab_multiple < 1:
             raise ValueError(f"pad_vocab_multiple must be >= 1, got {self.pad_vocab_multiple}")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def head_dropout(self) -> float:
+        return self.hidden_dropout_prob if self.classifier_dropout is None else self.classifier_dropout
 
     @property
     def head_dim(self) -> int:

@@ -43,7 +43,7 @@ class BertForSequenceClassification(nn.Module):
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.head_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_head(self.classifier, config)
 
@@ -78,7 +78,7 @@ class BertForTokenClassification(nn.Module):
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.head_dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         init_head(self.classifier, config)
 
@@ -94,7 +94,7 @@ class BertForMultipleChoice(nn.Module):
         super().__init__()
         self.config = config
         self.bert = BertModel(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.head_dropout)
         self.classifier = nn.Linear(config.hidden_size, 1)
         init_head(self.classifier, config)
 

@@ -114,7 +114,7 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
             raise ValueError(f"{flag} is true: a BERT decoder; only encoder checkpoints can be loaded")
     names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
              "max_position_embeddings", "type_vocab_size", "hidden_dropout_prob",
-             "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range", "pad_token_id")
+             "attention_probs_dropout_prob", "classifier_dropout", "layer_norm_eps", "initializer_range", "pad_token_id")
     fields = {n: hf[n] for n in names if hf.get(n) is not None}
     for name, value in fields.items():
         integer = name.endswith(("_size", "_layers", "_heads", "_embeddings", "_id"))
@@ -152,6 +152,7 @@ def config_to_hf(config: BertConfig, architecture: str, extra: dict[str, Any] | 
         "type_vocab_size": config.type_vocab_size,
         "hidden_dropout_prob": config.hidden_dropout_prob,
         "attention_probs_dropout_prob": config.attention_probs_dropout_prob,
+        "classifier_dropout": config.classifier_dropout,
         "layer_norm_eps": config.layer_norm_eps,
         "initializer_range": config.initializer_range,
         "pad_token_id": config.pad_token_id,

@@ -107,3 +107,29 @@ def test_real_checkpoint_round_trips_tensor_for_tensor(minilm_dir, tmp_path):
     for key, tensor in original.items():
         assert torch.equal(tensor, exported[key]), key
     assert (tmp_path / "vocab.txt").read_bytes() == (minilm_dir / "vocab.txt").read_bytes()
+
+
+@pytest.mark.parametrize("classifier_dropout", [None, 0.0, 0.3])
+def test_the_heads_take_classifier_dropout_as_transformers_does(tiny_checkpoint, tmp_path, classifier_dropout):
+    """A transformers config's classifier_dropout (null: hidden_dropout_prob) is the task heads' dropout,
+    and it survives a save."""
+    import json
+
+    import transformers
+
+    from model import BertForMultipleChoice, BertForTokenClassification
+
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.2,
+                                                  "classifier_dropout": classifier_dropout}))
+    pairs = [(BertForSequenceClassification, {"num_labels": 3}, transformers.BertForSequenceClassification),
+             (BertForTokenClassification, {"num_labels": 3}, transformers.BertForTokenClassification),
+             (BertForMultipleChoice, {}, transformers.BertForMultipleChoice)]
+    for ours_cls, kwargs, theirs_cls in pairs:
+        ours, _ = load_pretrained(ours_cls, ckpt, **kwargs)
+        theirs = theirs_cls.from_pretrained(ckpt, **kwargs)
+        assert ours.dropout.p == theirs.dropout.p == (0.2 if classifier_dropout is None else classifier_dropout)
+        assert ours.bert.embeddings.dropout.p == 0.2  # the encoder keeps hidden_dropout_prob
+    save_pretrained(ours, tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["classifier_dropout"] == classifier_dropout
