@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _train_here(cfg, args: argparse.Namespace) -> int:
     from launch.pretrain.checkpoints import ReportedByRankZero
-    from launch.pretrain.trainer import NonFiniteLossError, Trainer
+    from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
+    from launch.pretrain.trainer import Trainer
 
     try:
         trainer = Trainer(cfg, data_dir=args.data, run_dir=args.out, resume=args.resume)
@@ -99,8 +101,11 @@ def _train_here(cfg, args: argparse.Namespace) -> int:
     except ReportedByRankZero:  # under a launcher: rank 0 says it, once
         leave_process_group()
         return 2
-    except (ValueError, NonFiniteLossError) as err:
+    except ValueError as err:
         raise CliError(str(err)) from None
+    except NonFiniteLossError as err:  # as a launched worker exits (launch/pretrain/worker.py)
+        print(f"bertpipe pretrain: error: {err}", file=sys.stderr)
+        return DIVERGED_EXIT
 
 
 def _launch_workers(cfg, args: argparse.Namespace, nproc: int) -> int:

@@ -51,7 +51,10 @@ def to_device(batch: dict[str, Any], device: torch.device) -> tuple[dict[str, An
 
 
 class NonFiniteLossError(RuntimeError):
-    pass
+    """The run diverged: `log.max_nonfinite_steps` non-finite losses in a row."""
+
+
+DIVERGED_EXIT = 3  # the exit code of a diverged run, however it was launched (not 2: no flag was wrong)
 
 
 class UpdateSkipper:

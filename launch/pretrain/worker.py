@@ -97,7 +97,7 @@ def leave_process_group() -> None:
 def main(argv: list[str] | None = None) -> int:
     from launch.errors import CliError, disk_full_message
     from launch.pretrain.checkpoints import ReportedByRankZero
-    from launch.pretrain.trainer import NonFiniteLossError
+    from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
 
     parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
     add_arguments(parser)
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except NonFiniteLossError as err:
         log.error("%s", err)
-        return 3
+        return DIVERGED_EXIT
     except Exception as err:  # noqa: BLE001 - a full disk becomes one line; anything else re-raises
         message = disk_full_message(err, args.out)
         if message is None:
