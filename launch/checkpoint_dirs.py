@@ -160,6 +160,8 @@ def select_checkpoint(ckpt_dir: Path, tag: str | None = None) -> str:
             logger.warning("%s is missing: using the newest complete checkpoint, %s", ckpt_dir / "latest", tag)
         elif latest != tag and not skipped:  # saved, but the run stopped before `latest` moved
             logger.info("%s names %s; %s is newer and complete: using it", ckpt_dir / "latest", latest, tag)
+    if "files" not in read_meta(ckpt_dir, tag):  # written before bertpipe recorded them
+        logger.warning("%s records no file sizes or sha256s: its files are loaded unverified", ckpt_dir / tag / META)
     check_tensor_files(ckpt_dir / tag)  # never a fallback: a file that could run code is someone's doing
     return tag
 

@@ -108,3 +108,11 @@ def test_a_tensor_file_no_record_covers_is_not_loaded_unverified(ckpt_dir):
     for name in ("mp_rank_00_model_states.pt", "rng_rank0.pt"):
         (ckpt_dir / "global_step4" / name).unlink()
     assert verify_checkpoint(ckpt_dir, "global_step4") == f"{meta} records no files"
+
+
+def test_a_checkpoint_from_before_the_records_loads_with_a_warning_that_says_so(ckpt_dir, caplog):
+    meta = ckpt_dir / "global_step6" / META
+    meta.write_text(json.dumps({"step": 6}))
+    with caplog.at_level(logging.WARNING):
+        assert select_checkpoint(ckpt_dir) == "global_step6"
+    assert f"{meta} records no file sizes or sha256s: its files are loaded unverified" in caplog.text
