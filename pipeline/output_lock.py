@@ -5,7 +5,8 @@ never a write over a file in it that bertpipe did not write (`refuse_others_file
 whose `OUT` appears whole by a rename, holds `.OUT.bertpipe.lock` beside it. A second
 command on the same `OUT` is refused with a message naming the holder. A lock left by a process that
 died (same host, pid gone, or the pid now another process's: a restarted container reuses pids) is
-taken over with a warning. The holder also refreshes the lock file's modification time every
+taken over with a warning (renamed aside and deleted only if it is still the file judged: of two
+processes taking over one stale lock at once, the second does not delete the first's new lock). The holder also refreshes the lock file's modification time every
 HEARTBEAT_S seconds (a lease): a lock from another host, whose pid cannot be checked (a restarted
 Kubernetes pod, a new Ray head), is taken over once no refresh is seen for LEASE_S seconds, and
 refused as soon as one is. A lock file without a heartbeat (an older bertpipe) from another host is
@@ -92,6 +93,7 @@ class OutputLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
+                seen = self._identity()
                 holder = self._holder()
                 if (holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
                         and holder.get("pid_start") in (None, record["pid_start"])):
@@ -101,13 +103,13 @@ class OutputLock:
                 if self._stale(holder):
                     log.warning("taking over the lock %s of %s (pid %s, which is no longer running or is another process now)",
                                 self.path, holder.get("command", "?"), holder.get("pid", "?"))
-                    self.path.unlink(missing_ok=True)
+                    self._remove_if_still(seen)
                     continue
                 if self._lease_expired(holder):
                     log.warning("taking over the lock %s of %s (pid %s on %s): not refreshed for %.0f s, its holder is gone",
                                 self.path, holder.get("command", "?"), holder.get("pid", "?"), holder.get("host", "?"),
                                 LEASE_S)
-                    self.path.unlink(missing_ok=True)
+                    self._remove_if_still(seen)
                     continue
                 raise OutputLocked(self._refusal(holder)) from None
             with os.fdopen(fd, "w") as f:
@@ -116,6 +118,40 @@ class OutputLock:
             threading.Thread(target=self._heartbeat, name="bertpipe-lock-heartbeat", daemon=True).start()
             return self
         raise OutputLocked(f"could not take the lock {self.path} (another process keeps recreating it)")
+
+    def _identity(self) -> tuple | None:
+        """Which lock file is there now: inode, modification time and bytes (an inode number alone
+        can be reused at once by the next file created)."""
+        try:
+            st = self.path.stat()
+            return st.st_ino, st.st_mtime_ns, self.path.read_bytes()
+        except OSError:
+            return None
+
+    def _remove_if_still(self, seen: tuple | None) -> None:
+        """Remove the lock file judged stale, and only it. Two processes can judge the same stale lock at
+        once; the first removes it and creates its own, which a plain unlink by the second would then
+        remove (both would write). So the file is first renamed aside, atomically, and deleted only if it
+        is the one judged; else it is put back where it was."""
+        aside = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.stale")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return  # the other process removed it first; creating ours decides between us
+        try:
+            st = aside.stat()
+            still = seen is not None and (st.st_ino, st.st_mtime_ns, aside.read_bytes()) == seen
+        except OSError:
+            still = False
+        if not still:
+            try:
+                os.link(aside, self.path)  # put back; fails only if a third process created one meanwhile
+            except FileExistsError:
+                pass
+            except OSError:  # a filesystem without hard links
+                os.rename(aside, self.path)
+                return
+        aside.unlink(missing_ok=True)
 
     def _heartbeat(self) -> None:
         while not self._stop_heartbeat.wait(HEARTBEAT_S):

@@ -55,6 +55,35 @@ def test_a_dead_holder_is_taken_over_with_a_warning(tmp_path, caplog):
     assert "no longer running" in caplog.text
 
 
+def test_two_takers_of_one_stale_lock_do_not_both_hold_it(tmp_path, monkeypatch):
+    """A and B judge the same dead holder's lock at once; A removes it and creates its own before B acts.
+    B's plain unlink removed A's live lock and both wrote; now B finds A's lock in place and is refused."""
+    out = tmp_path / "out"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _write_lock(out, dead.pid)
+    a = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # A, alive, holding by then
+    try:
+        b = OutputLock(out, "pretrain")
+        judged = b._stale
+
+        def a_takes_over_while_b_judges(holder):
+            stale = judged(holder)
+            if holder.get("pid") == dead.pid:  # A's takeover lands between B's judgement and B's removal
+                (out / LOCK_NAME).unlink()
+                _write_lock(out, a.pid)
+            return stale
+
+        monkeypatch.setattr(b, "_stale", a_takes_over_while_b_judges)
+        with pytest.raises(OutputLocked, match=rf"pid {a.pid} on "):
+            b.acquire()
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == a.pid  # A's lock is still in place
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing left aside
+    finally:
+        a.kill()
+        a.wait()
+
+
 def test_another_hosts_lock_is_refused_with_the_way_out(tmp_path):
     out = tmp_path / "out"
     _write_lock(out, 1, host="some-other-node")
