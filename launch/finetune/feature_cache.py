@@ -115,24 +115,41 @@ class FeatureCache:
     def layers(self, key: SplitKey, wanted: Sequence[int], num_tokens: int, hidden: int,
                compute: Callable[[list[int]], dict[int, torch.Tensor]]) -> torch.Tensor:
         """[T, K, H] fp16 activations of the `wanted` layers; `compute(missing)` runs the encoder for
-        the missing ones ({layer: [T, H]}) and is not called when every layer is cached."""
+        the missing ones ({layer: [T, H]}) and is not called when every layer is cached. Each layer is
+        copied into the result as it is read, so reading holds one layer beside the result, not all
+        of them (Table 7's all-weighted row is 13 layers of the whole training set)."""
         folder = self.root / key.digest
+        out = torch.empty((num_tokens, len(wanted), hidden), dtype=STORED_DTYPE)
+        filled: set[int] = set()
+
+        def fill(layer: int, tensor_TH: torch.Tensor) -> None:
+            for i, k in enumerate(wanted):
+                if k == layer:
+                    out[:, i] = tensor_TH
+            filled.add(layer)
+
+        def read_cached(report: bool) -> None:
+            for k in dict.fromkeys(wanted):
+                if k not in filled and (t := self._read(folder, k, num_tokens, hidden, report=report)) is not None:
+                    fill(k, t)
+                    del t  # before the next read, not after it
+
         # A first look without the lock, quiet: a damaged file is reported once, by the look under the lock.
-        found = {k: t for k in wanted if (t := self._read(folder, k, num_tokens, hidden, report=False)) is not None}
+        read_cached(report=False)
         missing: list[int] = []
-        if len(found) < len(set(wanted)):
+        if len(filled) < len(set(wanted)):
             folder.mkdir(parents=True, exist_ok=True)
             with _locked(folder / ".lock"):
-                # Another trial may have written them while we waited for the lock.
-                found.update({k: t for k in wanted if k not in found
-                              and (t := self._read(folder, k, num_tokens, hidden)) is not None})
-                missing = sorted(set(wanted) - set(found))
+                read_cached(report=True)  # another trial may have written them while we waited for the lock
+                missing = sorted(set(wanted) - filled)
                 if missing:
                     t0, batches = time.perf_counter(), self.stats.encoder_batches
                     computed = compute(missing)
                     for k in missing:
-                        found[k] = computed[k].to(STORED_DTYPE).contiguous()
-                        self._write(folder, k, found[k], key, self.stats.encoder_batches - batches)
+                        tensor_TH = computed.pop(k).to(STORED_DTYPE).contiguous()
+                        self._write(folder, k, tensor_TH, key, self.stats.encoder_batches - batches)
+                        fill(k, tensor_TH)
+                        del tensor_TH
                     self.stats.seconds += time.perf_counter() - t0
                     logger.info("feature cache: computed layers %s of %s/%s (%d tokens) in %.1fs -> %s", missing,
                                 key.task, key.split, num_tokens, time.perf_counter() - t0, folder)
@@ -141,7 +158,7 @@ class FeatureCache:
         if not missing:
             logger.info("feature cache: %s/%s layers %s read from %s (encoder not run)", key.task, key.split,
                         list(wanted), folder)
-        return torch.stack([found[k] for k in wanted], dim=1)
+        return out
 
     # -- one layer file --------------------------------------------------------------------------------------
 

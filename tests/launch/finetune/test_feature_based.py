@@ -179,3 +179,35 @@ def test_a_regression_head_on_frozen_features_trains_on_the_float_scores(tiny_ch
     runner.prepare()
     labels = runner.train_feats.batch([0, 1])["labels"]
     assert labels.dtype.is_floating_point and sorted(labels.tolist()) == pytest.approx([1.2, 3.8])
+
+
+def test_reading_cached_layers_holds_one_beside_the_result(tmp_path, monkeypatch):
+    """Each cached layer is copied into the [T, K, H] result as it is read: the 13 layers of an
+    all-weighted row were all held at once, then stacked (twice the memory of the result)."""
+    import weakref
+
+    from launch.finetune.feature_cache import FeatureCache, SplitKey
+
+    key = SplitKey("ckpt", "data", "conll2003", "train", 32, "fp32")
+    layers = {k: torch.randn(50, 8) for k in range(5)}
+    cache = FeatureCache(tmp_path)
+    first = cache.layers(key, [4, 0, 2, 0], 50, 8, lambda missing: {k: layers[k] for k in missing})
+    expected = torch.stack([layers[k].half() for k in (4, 0, 2, 0)], dim=1)
+    assert torch.equal(first, expected) and cache.stats.misses == 3
+
+    alive, most = set(), [0]
+    real_read = FeatureCache._read
+
+    def counted_read(self, *args, **kwargs):
+        tensor = real_read(self, *args, **kwargs)
+        if tensor is not None:
+            alive.add(id(tensor))
+            most[0] = max(most[0], len(alive))
+            weakref.finalize(tensor, alive.discard, id(tensor))
+        return tensor
+
+    monkeypatch.setattr(FeatureCache, "_read", counted_read)
+    again = FeatureCache(tmp_path)
+    second = again.layers(key, [4, 0, 2, 0], 50, 8, lambda missing: pytest.fail(f"encoder run for {missing}"))
+    assert torch.equal(second, expected) and again.stats.hits == 3
+    assert most[0] == 1
