@@ -269,7 +269,8 @@ class QATask(Task):
         feats, skipped = squad.build_features(examples, tokenizer, max_seq_len=cfg.max_seq_len, doc_stride=cfg.doc_stride,
                                               max_query_length=cfg.max_query_length, training=training)
         if skipped:
-            logger.warning("squad: %d training question(s) skipped: answer text not found at answer_start", skipped)
+            logger.warning("squad: %d training question(s) skipped: the answer text is not at its answer_start "
+                           "(a character offset into the context), e.g. %s", len(skipped), ", ".join(skipped[:5]))
         return feats
 
     def collate(self, feats):

@@ -71,6 +71,11 @@ def read_squad(path: Path) -> list[QAExample]:
                     out.append(QAExample(qa["id"], qa["question"], context, answers, article.get("title", "")))
         except (KeyError, TypeError, ValueError) as err:
             raise DataError(f"{path}: article {a} is malformed (missing or wrong field: {err}); expected SQuAD v1.1 layout") from None
+    seen: set[str] = set()
+    for ex in out:  # predictions and scores are keyed by id: a repeated one scored one question's answer twice
+        if ex.guid in seen:
+            raise DataError(f"{path}: question id {ex.guid!r} is used more than once; give each question its own id")
+        seen.add(ex.guid)
     return out
 
 
@@ -178,13 +183,14 @@ def build_features(
     doc_stride: int | None,
     max_query_length: int,
     training: bool,
-) -> tuple[list[QAFeature], int]:
-    """(features, number of training examples skipped because their answer is not in the context)."""
+) -> tuple[list[QAFeature], list[str]]:
+    """(features, ids of the training examples skipped because their answer is not at answer_start)."""
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     questions = tokenizer.encode_batch([ex.question for ex in examples], add_special_tokens=False)
     contexts = tokenizer.encode_batch([ex.context for ex in examples], add_special_tokens=False)
     features: list[QAFeature] = []
-    skipped = apart = 0
+    skipped: list[str] = []
+    apart = 0
     for index, (ex, q_enc, c_enc) in enumerate(zip(examples, questions, contexts)):
         q_ids = q_enc.ids[:max_query_length]
         doc_ids, doc_offsets = c_enc.ids, c_enc.offsets
@@ -201,7 +207,7 @@ def build_features(
                 if ex.context[s:e] == a["text"]:
                     answer = _answer_tokens(doc_offsets, s, e)
             if answer is None:
-                skipped += 1
+                skipped.append(ex.guid)
                 continue
         spans = _windows(len(doc_ids), max_doc, _stride(max_doc, doc_stride))
         for w, (start, length) in enumerate(spans):

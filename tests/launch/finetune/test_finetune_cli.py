@@ -144,6 +144,41 @@ def test_squad(tiny_checkpoint, tmp_path):
     assert all(abs(sum(e["probability"] for e in v) - 1) < 1e-6 for v in nbest.values())
 
 
+def _squad_dir(tmp_path, edit_train) -> Path:
+    data = tmp_path / "squad"
+    data.mkdir()
+    doc = json.loads((DATA / "squad" / "dev-v1.1-subset.json").read_text(encoding="utf-8"))
+    doc["data"] = [{**doc["data"][0], "paragraphs": doc["data"][0]["paragraphs"][:2]}]
+    (data / "dev-v1.1.json").write_text(json.dumps(doc))
+    for paragraph in doc["data"][0]["paragraphs"]:
+        for qa in paragraph["qas"]:
+            edit_train(qa)
+    (data / "train-v1.1.json").write_text(json.dumps(doc))
+    return data
+
+
+def test_squad_where_no_answer_is_at_its_offset_stops_instead_of_training_nothing(tiny_checkpoint, tmp_path, capsys):
+    def byte_offsets(qa):  # what offsets counted in UTF-8 bytes, or from 1, look like: the text is elsewhere
+        qa["answers"] = [{**a, "answer_start": a["answer_start"] + 1} for a in qa["answers"]]
+
+    data = _squad_dir(tmp_path, byte_offsets)
+    with pytest.raises(SystemExit) as exc:  # it trained 0 steps and exited 0
+        finetune("squad", data, tiny_checkpoint, tmp_path / "out", "--max-seq-len", "64", "--no-save-model")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "squad: none of the " in err and " training examples in " in err
+    assert "not at its answer_start (a character offset into the context), e.g. 56ddde6b9a695914005b9628, " in err
+
+
+def test_squad_question_ids_are_unique(tiny_checkpoint, tmp_path, capsys):
+    def same_id(qa):
+        qa["id"] = "one-id-for-all"
+
+    data = _squad_dir(tmp_path, same_id)
+    with pytest.raises(SystemExit):  # dev predictions are keyed by id: one question's answer was scored twice
+        finetune("squad", data, tiny_checkpoint, tmp_path / "out", "--max-seq-len", "64", "--no-save-model")
+    assert "question id 'one-id-for-all' is used more than once" in capsys.readouterr().err
+
+
 def test_swag(tiny_checkpoint, tmp_path):
     out = tmp_path / "swag"
     m = finetune("swag", FIXTURES / "SWAG", tiny_checkpoint, out, "--no-save-model")
