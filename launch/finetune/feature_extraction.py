@@ -73,8 +73,11 @@ def read_texts(path: Path, text_field: str = "text") -> list[str]:
     if not path.is_file():
         raise ValueError(f"input file {path} does not exist")
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        # Lines end at \n, \r\n or \r only, as `wc -l` and editors count them: str.splitlines also cuts at
+        # form feeds, \x1c-\x1e, U+0085 and U+2028/9 (a JSON string may hold those raw), and every row after
+        # one would belong to the wrong line. utf-8-sig: a byte-order mark is not part of the first text.
+        with open(path, encoding="utf-8-sig") as f:
+            lines = [line.removesuffix("\n") for line in f]
     except UnicodeDecodeError as err:
         raise ValueError(f"input file {path} is not UTF-8 text ({err.reason} at byte {err.start}); "
                          "convert it to UTF-8") from None

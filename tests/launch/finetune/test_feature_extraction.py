@@ -190,3 +190,17 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_writes(minil
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_input_rows_are_the_lines_a_user_counts(tmp_path):
+    """A form feed or U+2028 inside a line is text, not a line break: str.splitlines cut there and every
+    later row described the wrong line. A byte-order mark is not text."""
+    from launch.finetune.feature_extraction import read_texts
+
+    txt = tmp_path / "texts.txt"
+    txt.write_bytes(b"\xef\xbb\xbfline one\r\nline two has a form\x0cfeed inside\nline three with \xe2\x80\xa8 LS\nline four\n")
+    assert read_texts(txt) == ["line one", "line two has a form\x0cfeed inside", "line three with \u2028 LS", "line four"]
+    jsonl = tmp_path / "texts.jsonl"
+    jsonl.write_text("\ufeff" + "\n".join(json.dumps({"text": t}, ensure_ascii=False) for t in ("a\u2028b", "c")) + "\n",
+                     encoding="utf-8")
+    assert read_texts(jsonl) == ["a\u2028b", "c"]
