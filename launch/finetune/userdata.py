@@ -38,11 +38,13 @@ class Columns:
 
 
 def find_split_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
-    for stem in SPLIT_NAMES[split]:
-        for ext in EXTENSIONS:
-            path = data_dir / f"{stem}.{ext}"
-            if path.is_file():
-                return path
+    found = [data_dir / f"{stem}.{ext}" for stem in SPLIT_NAMES[split] for ext in EXTENSIONS
+             if (data_dir / f"{stem}.{ext}").is_file()]
+    if len(found) > 1:  # one would be read and the other silently ignored
+        raise DataError(f"{data_dir} holds {' and '.join(p.name for p in found)} for the {split} split; "
+                        "keep one of them there")
+    if found:
+        return found[0]
     if required:
         names = ", ".join(f"{s}.{{{','.join(EXTENSIONS)}}}" for s in SPLIT_NAMES[split])
         raise DataError(f"missing the {split} split: {data_dir} holds none of {names}")
@@ -110,13 +112,27 @@ def read_text_split(
                     skips.malformed(path, line, f"label {raw!r} is not a finite number (regress needs numeric labels)")
                     continue
             else:
-                label = str(raw).strip()
+                label = _label_text(raw)
                 if not label:
                     skips.malformed(path, line, "empty label")
                     continue
+                if "\n" in label or "\r" in label:
+                    skips.malformed(path, line, f"label {label[:40]!r}... spans lines (a quote left open above?)")
+                    continue
+        if not str(row[cols.text]).strip():
+            skips.malformed(path, line, f"empty text in column {cols.text!r}")
+            continue
         text_b = str(row[cols.text_pair]) if cols.text_pair else None
         out.append((line, TextExample(f"{path.stem}-{line}", str(row[cols.text]), text_b, label)))
     return out
+
+
+def _label_text(raw: Any) -> str:
+    """A class label as text. JSON's 1 and 1.0 are one number (pandas writes integer columns with a
+    missing value as floats): both are "1", as CSV's 1 is."""
+    if isinstance(raw, float) and raw.is_integer():
+        return str(int(raw))
+    return str(raw).strip()
 
 
 def check_labels(examples: list[tuple[int, TextExample]], labels: tuple[str, ...], path: Path) -> None:

@@ -261,3 +261,32 @@ def test_user_tag_refuses_tags_that_are_not_entity_tags(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"text": ["Ann", "Lee", "met", "Bo"], "label": ["B-PER", "E-PER", "O", "S-PER"]}\n')
     (tmp_path / "dev.jsonl").write_text('{"text": ["Bo", "sings"], "label": ["S-PER", "O"]}\n')
     assert load("tag", tmp_path).labels == ("O", "B-PER", "E-PER", "S-PER")
+
+
+def test_user_labels_one_number_one_class_and_a_label_across_lines_is_malformed(tmp_path):
+    # pandas writes an integer column with a missing value as floats: 1 and 1.0 were two classes
+    (tmp_path / "train.jsonl").write_text('{"text": "good", "label": 1}\n{"text": "bad", "label": 0.0}\n'
+                                          '{"text": "fine", "label": 1.0}\n{"text": "meh", "label": "0"}\n')
+    (tmp_path / "dev.jsonl").write_text('{"text": "nice", "label": 1}\n')
+    assert load("classify", tmp_path).labels == ("0", "1")
+    # an unclosed CSV quote swallowed three rows into one label, which became a class
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    (csv_dir / "train.csv").write_text('text,label\ngood movie,pos\nbad movie,"neg\ngreat,pos\nawful,neg\nugly,neg"\n'
+                                       'fine,pos\nworse,neg\n')
+    (csv_dir / "dev.csv").write_text("text,label\nok,pos\n")
+    with pytest.raises(DataError, match=r"train.csv:3: label 'neg\\ngreat,pos.*spans lines \(a quote left open above\?\)"):
+        load("classify", csv_dir)
+    data = load("classify", csv_dir, skip_malformed=True)
+    assert data.labels == ("neg", "pos") and len(data.train) == 3
+
+
+def test_user_rows_without_text_are_malformed_and_two_files_for_one_split_are_refused(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\ngood,1\n,0\n   ,0\nbad,0\n")
+    (tmp_path / "dev.csv").write_text("text,label\nok,1\n")
+    with pytest.raises(DataError, match=r"train.csv:3: empty text in column 'text'"):
+        load("classify", tmp_path)
+    assert [ex.text_a for ex in load("classify", tmp_path, skip_malformed=True).train] == ["good", "bad"]
+    (tmp_path / "train.jsonl").write_text('{"text": "other", "label": 1}\n')  # which one was meant?
+    with pytest.raises(DataError, match=r"holds train.csv and train.jsonl for the train split; keep one of them there"):
+        load("classify", tmp_path, skip_malformed=True)
