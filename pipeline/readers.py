@@ -102,15 +102,18 @@ def sniff_format(sample: bytes) -> str:
 _INNER_SENTENCE_END = re.compile(r"\w[.!?][\"'\u201d)]?\s+[\"\u201c(]?[A-Z]")
 
 
-def looks_binary(sample: bytes) -> bool:
-    """NUL bytes or mostly undecodable bytes in the first 8 KiB: not text."""
+def why_not_text(sample: bytes) -> str | None:
+    """Why the first 8 KiB are not UTF-8 text (NUL bytes, or mostly undecodable bytes), or None."""
     head = sample[:8192]
     if not head:
-        return False
+        return None
     if b"\x00" in head:
-        return True
+        return "NUL bytes in its first 8 KiB"
     text = head.decode("utf-8", errors="replace")
-    return text.count("\ufffd") > 0.1 * len(text)
+    if text.count("\ufffd") > 0.1 * len(text):
+        return ("over 10% of its first 8 KiB is not UTF-8; if it is text in another encoding (e.g. Latin-1), "
+                "convert it: iconv -f latin1 -t utf-8")
+    return None
 
 
 def _decode(data: bytes, stats: ReadStats) -> str:
@@ -140,8 +143,9 @@ def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, sta
         yield Skip(source, source, "unsupported_compression", f"{packed}: decompress it, or recompress it as "
                    "bz2, gzip or xz")
         return
-    if looks_binary(first):
-        yield Skip(source, source, "binary_file")
+    not_text = why_not_text(first)
+    if not_text:
+        yield Skip(source, source, "binary_file", not_text)
         return
     how = "--format"
     if fmt == "auto":

@@ -122,7 +122,10 @@ def test_invalid_utf8_is_repaired_not_dropped():
 
 def test_binary_and_empty_files_are_skipped():
     _, skips, _ = read(bytes(range(256)) * 40)
-    assert [s.reason for s in skips] == ["binary_file"]
+    assert [s.reason for s in skips] == ["binary_file"] and skips[0].detail == "NUL bytes in its first 8 KiB"
+    # French in Latin-1: mostly undecodable as UTF-8, skipped, and the detail says how to convert it
+    _, skips, _ = read(("\u00e9t\u00e9 \u00e0 " * 800).encode("latin-1"))
+    assert [s.reason for s in skips] == ["binary_file"] and "iconv -f latin1 -t utf-8" in skips[0].detail
     _, skips, _ = read(b"\n\n  \n")
     assert [s.reason for s in skips] == ["empty_file"]
 
