@@ -109,8 +109,9 @@ def create_instances_from_document(
                     random_start = int(rng.integers(0, random_length))
                     pieces, b_len = [], 0
                     for j in range(random_start, random_length):
-                        pieces.append(random_document[j])
-                        b_len += random_document[j].size
+                        piece = random_document[j]
+                        pieces.append(piece)
+                        b_len += piece.size
                         if b_len >= target_b_length:
                             break
                     tokens_b = np.concatenate(pieces)

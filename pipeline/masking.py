@@ -136,7 +136,10 @@ def mask_tokens(
     # One draw decides the 80/10/10 split; a second picks replacement tokens (used only where needed).
     action = rng.random(positions.size)
     replacement = vocab.random_ids[rng.integers(0, vocab.random_ids.size, size=positions.size)]
-    ids[positions] = np.where(action < 0.8, vocab.mask_id, np.where(action < 0.9, labels, replacement))
+    # `where(action < 0.8, mask, where(action < 0.9, labels, replacement))`, with one `where` fewer.
+    values = np.where(action < 0.9, labels, replacement)
+    values[action < 0.8] = vocab.mask_id
+    ids[positions] = values
     return MaskedTokens(ids, positions, labels)
 
 

@@ -148,3 +148,16 @@ def test_tokenizer_output_is_uint16_for_a_bert_vocab():
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_large_frees_go_back_to_the_os_on_glibc():
     assert return_large_frees_to_os()
+
+
+def test_the_reused_buffer_sentence_splitter_is_blingfire_s_own():
+    """tokenize.SentenceSplitter calls blingfire's C function on one reused buffer (a transcription of
+    blingfire 0.1.8's text_to_sentences): the same sentences on every paragraph of the bundled books,
+    after longer ones (buffer reuse), on empty and NUL-holding text."""
+    import blingfire
+
+    splitter = tokenize.SentenceSplitter()
+    paragraphs = [p for book in BOOKS for p in book.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    cases = sorted(paragraphs, key=len, reverse=True)[:50] + paragraphs[:1500] + ["", "a\0b. C d.", "x" * 300_000]
+    assert len(paragraphs) > 1500
+    assert [splitter(p) for p in cases] == [blingfire.text_to_sentences(p) for p in cases]
