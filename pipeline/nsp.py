@@ -111,6 +111,10 @@ class _BucketInstancesFn(beam.DoFn):
         self.masked = Metrics.counter("corpus", "masked_tokens")
         self.tokens = Metrics.counter("corpus", "instance_tokens")
         self.lonely = Metrics.counter("corpus", "buckets_with_one_document")
+        # A sentence longer than a sequence keeps only the sequence's length (as in the original): counted,
+        # so that text without sentence ends, which loses nearly all of itself, shows (the CLI warns).
+        self.long_sentences = Metrics.counter("corpus", "sentences_longer_than_seq_len")
+        self.beyond = Metrics.counter("corpus", "tokens_beyond_seq_len")
 
     def setup(self) -> None:
         self.progress = ProgressWriter(self.progress_dir, "instances")
@@ -127,6 +131,14 @@ class _BucketInstancesFn(beam.DoFn):
         self.tokens.inc(batch.num_tokens)
         return split, batch
 
+    def _count_long_sentences(self, documents) -> None:
+        room = self.settings.seq_len - 3  # [CLS] A [SEP] B [SEP]
+        lengths = [s.size for document in documents for s in document]
+        over = [n - room for n in lengths if n > room]
+        if over:
+            self.long_sentences.inc(len(over))
+            self.beyond.inc(sum(over))
+
     def process(self, keyed) -> Iterable:
         (split, _), docs = keyed
         # The runner delivers a bucket's documents in any order; sort so draws never depend on it.
@@ -135,6 +147,7 @@ class _BucketInstancesFn(beam.DoFn):
             self.lonely.inc()
         doc_ids = _unique_ids(docs)
         sentences = [d.sentences for d in docs]
+        self._count_long_sentences(sentences)
         seed = self.split_settings.seed
         keys, made = [], []
         for index, doc_id in enumerate(doc_ids):

@@ -309,3 +309,25 @@ def test_a_vocab_saved_with_a_byte_order_mark_builds_the_same_corpus(tmp_path, d
     assert runs["bom"]["vocab_sha256"] == runs["plain"]["vocab_sha256"]
     assert [s["sha256"] for s in runs["bom"]["shards"]] == [s["sha256"] for s in runs["plain"]["shards"]]
     assert (tmp_path / "bom" / "vocab.txt").read_bytes() == vocab.read_bytes()
+
+
+def test_text_without_sentence_ends_is_counted_and_warned_not_silently_cut(tmp_path, data_dir, capsys):
+    """A sentence longer than a sequence keeps a sequence's length: a book without full stops lost ~99%."""
+    import re
+
+    book = (data_dir / "books" / "persuasion.txt").read_text(encoding="utf-8")[:20000]
+    flat = tmp_path / "no_full_stops.txt"
+    flat.write_text(re.sub(r"[.!?]", "", book), encoding="utf-8")
+    argv = ["corpus", "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"), "--seq-len", "64",
+            "--dupe-factor", "1"]
+    assert cli.main([*argv, "--input", str(flat), "--out", str(tmp_path / "flat")]) == 0
+    counters = json.loads((tmp_path / "flat" / "manifest.json").read_text())["counters"]
+    assert counters["tokens_beyond_seq_len"] > 0.5 * counters["tokens"] and counters["sentences_longer_than_seq_len"] > 0
+    err = capsys.readouterr().err
+    assert "of the text is left out (tokens_beyond_seq_len)" in err and "(--format lines)" in err
+    prose = tmp_path / "prose.txt"
+    prose.write_text(book, encoding="utf-8")
+    assert cli.main([*argv, "--input", str(prose), "--out", str(tmp_path / "prose")]) == 0
+    counters = json.loads((tmp_path / "prose" / "manifest.json").read_text())["counters"]
+    assert counters.get("tokens_beyond_seq_len", 0) < 0.25 * counters["tokens"]  # long sentences, but sentences
+    assert "left out" not in capsys.readouterr().err
