@@ -155,6 +155,10 @@ def read_tag_split(path: Path, cols: Columns, *, labelled: bool, skips: SkipCoun
         if not words:
             skips.malformed(path, line, "no words")
             continue
+        nulls = [c for c in wanted if isinstance(row[c], list) and None in row[c]]
+        if nulls:  # str() would make a word or a tag "None"
+            skips.malformed(path, line, f"key(s) {nulls} hold a list with null in it")
+            continue
         if tags is not None and len(tags) != len(words):
             skips.malformed(path, line, f"{len(words)} words but {len(tags)} tags")
             continue

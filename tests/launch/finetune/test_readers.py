@@ -261,6 +261,9 @@ def test_user_tag_refuses_tags_that_are_not_entity_tags(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"text": ["Ann", "Lee", "met", "Bo"], "label": ["B-PER", "E-PER", "O", "S-PER"]}\n')
     (tmp_path / "dev.jsonl").write_text('{"text": ["Bo", "sings"], "label": ["S-PER", "O"]}\n')
     assert load("tag", tmp_path).labels == ("O", "B-PER", "E-PER", "S-PER")
+    (tmp_path / "train.jsonl").write_text('{"text": ["Ann", "met", "Bo"], "label": ["S-PER", null, "S-PER"]}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:1: key\(s\) \['label'\] hold a list with null in it"):
+        load("tag", tmp_path)  # it was the tag 'None', refused as "not an entity tag"
 
 
 def test_user_labels_one_number_one_class_and_a_label_across_lines_is_malformed(tmp_path):
