@@ -7,6 +7,7 @@ C choices.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -14,6 +15,8 @@ import numpy as np
 import torch
 
 from launch.finetune.examples import ChoiceExample, TaggedExample, TextExample
+
+logger = logging.getLogger(__name__)
 
 IGNORE = -100  # label of positions that carry no loss (sub-tokens after the first, context, padding)
 
@@ -38,6 +41,9 @@ def text_features(
         encodings = tokenizer.encode_batch(inputs)
     finally:
         tokenizer.no_truncation()
+    cut = sum(1 for enc in encodings if enc.overflowing)
+    if cut:  # as the reference does, but said: a text past the limit is read only up to it
+        logger.info("%d of %d texts cut to --max-seq-len %d tokens", cut, len(encodings), max_seq_len)
     out = []
     for i, (ex, enc) in enumerate(zip(examples, encodings)):
         if ex.label is None:

@@ -15,10 +15,12 @@ from launch.finetune.encoding import IGNORE, choice_features, collate, tag_featu
 from repo_paths import DATA
 
 
-def test_text_pair_truncation_and_collate(tokenizer):
+def test_text_pair_truncation_and_collate(tokenizer, caplog):
     long_a = " ".join(["alpha"] * 40)
     examples = [TextExample("0", long_a, "beta gamma", "1"), TextExample("1", "short one", None, "0")]
-    feats = text_features(examples, tokenizer, max_seq_len=16, label_ids={"0": 0, "1": 1})
+    with caplog.at_level("INFO", logger="launch.finetune.encoding"):
+        feats = text_features(examples, tokenizer, max_seq_len=16, label_ids={"0": 0, "1": 1})
+    assert "1 of 2 texts cut to --max-seq-len 16 tokens" in caplog.text
     assert len(feats[0].input_ids) == 16  # longest-first cuts the long sentence, keeps the pair
     assert tokenizer.decode(feats[0].input_ids[-4:-1]) == "beta gamma"
     assert feats[0].token_type_ids[-1] == 1 and feats[1].token_type_ids == [0] * 4
