@@ -58,6 +58,23 @@ def warn_stale_build_locks(max_age_s: float = 600.0) -> list[Path]:
     return stale
 
 
+def unlink_shm_buffer(rank: int) -> Path | None:
+    """Remove the name of this rank's shared-memory all-reduce buffer once every rank has mapped it.
+
+    On CPU, when every rank is on one host (the `deepspeed` launcher sets LOCAL_SIZE), DeepSpeed's shm
+    comm op creates /dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank> (66 MB) and never
+    unlinks it: each run left 66 MB of RAM per rank in /dev/shm until a reboot. The mappings stay
+    valid after the unlink. Call it after a barrier that follows the process group's creation (the
+    other ranks open the name while they join). Returns the path removed, if there was one."""
+    path = Path("/dev/shm") / (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+                               f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+    try:
+        path.unlink()
+    except OSError:  # not made (not all ranks local, no shm op) or not ours to remove
+        return None
+    return path
+
+
 def free_port() -> int:
     """A TCP port free on the loopback address now (for a lone process's rendezvous)."""
     with socket.socket() as s:

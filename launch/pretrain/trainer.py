@@ -30,7 +30,7 @@ from launch.pretrain.preflight import preflight
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
 from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile_blocks, compile_enabled, to_device
 from launch.log import global_rank, launcher_world_size
-from launch.pretrain.launcher import STOP_SIGNALS, free_port, warn_stale_build_locks
+from launch.pretrain.launcher import STOP_SIGNALS, free_port, unlink_shm_buffer, warn_stale_build_locks
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import apply_after_load, build_scheduler
@@ -69,6 +69,9 @@ def init_distributed() -> None:
         # would time out the same way each time. DEEPSPEED_TIMEOUT (minutes) still sets it.
         minutes = int(os.environ.get("DEEPSPEED_TIMEOUT", DIST_TIMEOUT_MINUTES))
         deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=minutes))
+        if backend == "gloo":
+            dist.barrier()  # every rank has mapped the others' shm buffers by now
+            unlink_shm_buffer(dist.get_rank())
 
 
 def _dotted(tree: dict[str, Any], key: str) -> Any:

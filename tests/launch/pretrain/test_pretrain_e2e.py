@@ -340,12 +340,15 @@ def test_same_trainer_under_the_deepspeed_launcher(small_corpus, reference, tmp_
     at = flags.index("--max-steps")
     flags[at + 1] = "2"
     launcher = Path(sys.executable).with_name("deepspeed")
-    cmd = [str(launcher), "--num_gpus", "2", "--master_port", str(29500 + os.getpid() % 1000),
-           "--module", "launch.pretrain", *flags]
+    port = 29500 + os.getpid() % 1000
+    cmd = [str(launcher), "--num_gpus", "2", "--master_port", str(port), "--module", "launch.pretrain", *flags]
     run_ok(cmd, tmp_path / "ds_launcher.log")
     ref, got = metrics(reference[1]), metrics(out)
     assert [got[s]["loss"] for s in (1, 2)] == [ref[s]["loss"] for s in (1, 2)]
     assert [got[s]["sample_ids"] for s in (1, 2)] == [ref[s]["sample_ids"] for s in (1, 2)]
+    # DeepSpeed's CPU all-reduce buffers (66 MB a rank, made because this launcher sets LOCAL_SIZE) are
+    # never unlinked by DeepSpeed: each run left them in /dev/shm (RAM) until a reboot
+    assert not sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
 
 
 def test_under_a_launcher_rank_0_alone_hashes_the_shards_and_names_a_damaged_one(small_corpus, tmp_path):
