@@ -16,7 +16,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -66,6 +66,19 @@ def parse_layers(spec: str, num_layers: int) -> LayerSelection:
             raise ValueError(f"--layers: layer {i} is out of range; the model has layers 0 (embeddings) to {last}")
         indices.append(j)
     return LayerSelection(indices, "concat")
+
+
+def check_layers_fit(checkpoint: str | Path, specs: Sequence[str]) -> None:
+    """Refuse `--layers` choices the checkpoint lacks (last4-* on a 2-layer model), before a sweep
+    starts Ray. A checkpoint path this machine cannot see (a remote cluster's) is left to the trials."""
+    from launch.checkpoint_dirs import resolve_checkpoint
+
+    if not Path(checkpoint).is_dir():
+        return
+    hf_dir = resolve_checkpoint(checkpoint)  # a RUN's export is made once here and reused by the trials
+    num_layers = int(json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"])
+    for spec in dict.fromkeys(specs):
+        parse_layers(spec, num_layers)
 
 
 def read_texts(path: Path, text_field: str = "text") -> list[str]:

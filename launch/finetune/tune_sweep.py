@@ -325,16 +325,20 @@ def run_sweep(
     trials_dir = out / "trials"
     named: dict[str, dict[str, Any]] = {}
     for p in points:  # distinct grid values can only meet in a name through characters a folder name cannot hold
-        name = trial_name(p)
-        if name in named:
-            raise ValueError(f"grid points {named[name]} and {p} would share the trial folder {name}; "
+        folder = trial_name(p)  # not `name`: that is the system's name in the tables
+        if folder in named:
+            raise ValueError(f"grid points {named[folder]} and {p} would share the trial folder {folder}; "
                              "make their values differ in letters or digits")
-        named[name] = p
+        named[folder] = p
     settings = {p["index"]: _settings(base, p, trials_dir) for p in points}
-    for p in points:
-        config = from_dict(FinetuneConfig, settings[p["index"]])
+    configs = [from_dict(FinetuneConfig, settings[p["index"]]) for p in points]
+    for config in configs:
         config.validate()
         refuse_unused_grid_keys(grid, grid_values, config)
+    if any(c.feature_based for c in configs):
+        from launch.finetune.feature_extraction import check_layers_fit  # imports torch: only when needed
+
+        check_layers_fit(base["checkpoint"], [c.layers for c in configs if c.feature_based])
     if holds_sweep(out) and not resume:
         raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
     refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=holds_sweep(out))

@@ -135,7 +135,9 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     assert data["summary"]["sst2"]["best"]["config"]["lr"] == top["point"]["lr"]
     assert data["summary"]["sst2"]["best"]["score"] == pytest.approx(top["metrics"]["score"])
     assert all(t["metrics"]["score"] == t["metrics"]["accuracy"] for t in data["trials"])
-    assert (out / "results.md").read_text().splitlines()[0] == "| System | SST-2 | Average |"
+    table = (out / "results.md").read_text().splitlines()
+    assert table[0] == "| System | SST-2 | Average |"
+    assert table[3].startswith(f"| {tiny_checkpoint.name} | ")  # the checkpoint, not the last trial's folder
     assert (out / "sweep.png").stat().st_size > 1000
     # What Tune shows and records as a trial's config does not contradict the point it ran: the shared
     # base leaves out the fields every point sets (lr, epochs, ...), the base's other fields are there.
@@ -225,6 +227,13 @@ def test_a_grid_varying_what_the_trials_do_not_use_is_refused_before_ray_starts(
     for point in expand(["conll2003"], advised, [1]):
         settings = {k: v for k, v in point.items() if k != "index"}
         refuse_unused_grid_keys("advised.yaml", advised, from_dict(FinetuneConfig, {**settings, "feature_based": True}))
+
+
+def test_table7_on_a_model_with_fewer_than_four_layers_is_refused_before_ray_starts(tiny_checkpoint, tmp_path):
+    # five trials ran, then the last-four rows failed, and the advice was --resume, which cannot help
+    with pytest.raises(ValueError, match=r"--layers last4-weighted needs at least 4 layers; the model has 2"):
+        run_sweep(["conll2003"], tiny_checkpoint, CONLL, tmp_path / "t7", grid="table7", overrides=TRIAL)
+    assert not (tmp_path / "t7").exists()
 
 
 def _free_ports(n: int) -> list[int]:

@@ -47,6 +47,7 @@ def test_reduced_table7_sweep_end_to_end(minilm_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| Embeddings | `embeddings` | 91.0 |" in printed and "| Fine-tuning | - | 96.4 |" in printed
     assert (out / "results.md").read_text() in printed
+    assert f"| {minilm_dir.name}: dev F1 |" in printed  # the checkpoint's name, not the last trial's folder
     data = json.loads((out / "results.json").read_text())
     assert data["grid"] == "table7" and len(data["trials"]) == 7
     assert all(t["error"] is None and 0.0 <= t["metrics"]["f1"] <= 1.0 for t in data["trials"])
