@@ -31,15 +31,19 @@ log = logging.getLogger(__name__)
 def _parse_with_beam_args(self, args=None, namespace=None):
     """parse_args that keeps unknown `--beam_option` flags for Beam instead of refusing them."""
     ns, extra = argparse.ArgumentParser.parse_known_args(self, args, namespace)
+    ours = {o for action in self._actions for o in action.option_strings}
     beam_args, errors = [], []
     i = 0
     while i < len(extra):
         arg = extra[i]
+        name = arg.split("=", 1)[0]
         if not arg.startswith("--"):
             errors.append(arg)
-        elif "-" in arg.split("=", 1)[0][2:]:
+        elif "-" in name[2:]:
             # Beam's options use underscores; a dashed unknown flag is a typo of one of ours.
             errors.append(arg)
+        elif name.replace("_", "-") in ours:  # --seq_len=64: Beam would drop it with a warning, and 128 be used
+            self.error(f"{name} is spelled {name.replace('_', '-')} (config keys become dashed flags)")
         else:
             beam_args.append(arg)
             # `--flag value` form: keep the value with its flag.
@@ -113,9 +117,11 @@ def run(args: argparse.Namespace) -> int:
         return _inspect(args)
     bad = [a for a in args.action if "=" not in a]
     if bad:
+        bare = [a for a in args.beam_args if "=" not in a]  # `--seqlen 64`: the value ends up here
         raise CliError(
-            f"unexpected argument {bad[0]!r}: the only action is `inspect DIR`, config overrides are "
-            "key=value, and Beam options take the form --name=value"
+            f"unexpected argument {bad[0]!r}: the only action is `inspect DIR`"
+            + (f"; {bare[0]} is not a flag of bertpipe corpus (`--help` lists them), and a Beam option takes "
+               f"its value as {bare[0]}={bad[0]}" if bare else ", and Beam options take the form --name=value")
         )
     from pipeline.corpus_job import run as run_job
 

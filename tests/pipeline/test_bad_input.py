@@ -203,8 +203,11 @@ def test_beam_options_pass_through(capsys):
     # The local default is named explicitly (never Beam's Prism download), and N local workers are processes.
     local = pipeline_options(["--direct_num_workers=2"]).get_all_options()
     assert local["runner"] == "FnApiRunner" and local["direct_running_mode"] == "multi_processing"
-    assert "Beam options take the form" in _fails(["corpus", "--input", "x", "--vocab", "v", "--out", "o",
-                                                   "--flink_master", "h:1"], capsys)
+    base = ["corpus", "--input", "x", "--vocab", "v", "--out", "o"]
+    assert "a Beam option takes its value as --flink_master=h:1" in _fails([*base, "--flink_master", "h:1"], capsys)
+    assert "--seqlen is not a flag of bertpipe corpus (`--help` lists them)" in _fails([*base, "--seqlen", "64"], capsys)
+    # a config key spelt as Beam spells its options: Beam dropped it with a warning, and seq len 128 was used
+    assert "--seq_len is spelled --seq-len" in _fails([*base, "--seq_len=64"], capsys)
 
 
 def test_a_vocab_that_does_not_fit_the_text_fails_with_its_unk_share(tmp_path, data_dir, capsys):
