@@ -87,7 +87,7 @@ def load_grid(grid: str | Path | dict[str, Any]) -> dict[str, list[Any]]:
     else:
         path = Path(grid)
         if not path.is_file():
-            raise ValueError(f"--grid {grid!r} is neither {' / '.join(GRIDS)} nor a YAML file")
+            raise ValueError(f"--grid {grid!r} is neither {' / '.join([*GRIDS, table7.NAME])} nor an existing YAML file")
         raw = yaml.safe_load(path.read_text()) or {}
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: a grid file maps config fields to lists, e.g. `lr: [5e-5, 3e-5]`")

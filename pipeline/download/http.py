@@ -226,10 +226,11 @@ def fetch(
                 retry = retry.increment("GET", url, error=outcome.error)
             except MaxRetryError as err:
                 have = part.stat().st_size if part.exists() else 0
+                resume = (f"{part.name} ({have} bytes) is kept: rerun the same command to resume from byte {have}"
+                          if have else "nothing was received; rerun the same command when the network is back")
                 raise NetworkError(
                     f"gave up on {url} after {policy.max_retries} retr{'y' if policy.max_retries == 1 else 'ies'} "
-                    f"(last error: {_describe(err.reason)}); {part.name} ({have} bytes) is kept: rerun the same "
-                    f"command to resume from byte {have}"
+                    f"(last error: {_describe(err.reason)}); {resume}"
                 ) from None
             except OSError as err:
                 if err.errno in (errno.ENOSPC, errno.EDQUOT):

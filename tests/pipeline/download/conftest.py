@@ -149,7 +149,7 @@ def _handler(server: MirrorServer) -> type[BaseHTTPRequestHandler]:
                 self._send(status, data, headers, send_bytes=stall - start)
                 server.release.wait(60)
                 return
-            if cut is not None and start < cut:
+            if cut is not None and start <= cut:
                 # Promise the full length, send bytes up to `cut`, drop the connection.
                 self._send(status, data, headers, send_bytes=cut - start)
                 return

@@ -119,6 +119,15 @@ def test_wikipedia_cut_off_download_resumes_via_the_cli(mirror, dump_names, tmp_
     assert (out / name).read_bytes() == mirror.files[path]
 
 
+def test_a_download_that_received_nothing_does_not_name_a_file_as_kept(mirror, dump_names, tmp_path: Path, capsys) -> None:
+    name = dump_names["parts"][1]
+    mirror.cut_after[f"/enwiki/{dump_names['date']}/{name}"] = 0
+    rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(tmp_path / "raw"),
+                       "--mirror", mirror.url, "--retries", "0", "--no-progress"], capsys)
+    assert rc == 2 and "nothing was received; rerun the same command when the network is back" in err
+    assert "is kept" not in err
+
+
 def test_wikipedia_corrupted_part_is_refused(mirror, dump_names, tmp_path: Path, capsys) -> None:
     name = dump_names["parts"][0]
     mirror.corrupt_at[f"/enwiki/{dump_names['date']}/{name}"] = 4242
