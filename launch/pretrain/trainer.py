@@ -69,7 +69,7 @@ def init_distributed() -> None:
         # would time out the same way each time. DEEPSPEED_TIMEOUT (minutes) still sets it.
         minutes = int(os.environ.get("DEEPSPEED_TIMEOUT", DIST_TIMEOUT_MINUTES))
         deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=minutes))
-        if backend == "gloo":
+        if backend == "gloo" and dist.is_initialized():
             dist.barrier()  # every rank has mapped the others' shm buffers by now
             unlink_shm_buffer(dist.get_rank())
 
