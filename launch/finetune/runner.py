@@ -132,11 +132,11 @@ class Finetuner:
                 raise DataError(f"{self.task.name}: the {name} split in {data_dir} holds no examples")
         t0 = time.perf_counter()
         self.train_feats = self.task.featurize(self.data.train, self.tokenizer, cfg, self.data, training=True)
-        self.eval_feats = [self.task.featurize(s.examples, self.tokenizer, cfg, self.data, training=False)
-                           for s in self.data.evals]
         if not self.train_feats:  # e.g. every SQuAD answer off its offset (warned above): 0 steps, exit 0
             raise DataError(f"{self.task.name}: none of the {len(self.data.train)} training examples in {data_dir} "
                             "could be used (the warnings above say why); fix the training data")
+        self.eval_feats = [self.task.featurize(s.examples, self.tokenizer, cfg, self.data, training=False)
+                           for s in self.data.evals]
         logger.info("%s: %d train examples (%d features), evals %s; featurised in %.1fs", self.task.name,
                     len(self.data.train), len(self.train_feats),
                     ", ".join(f"{s.name}={len(s.examples)}" for s in self.data.evals), time.perf_counter() - t0)
