@@ -10,17 +10,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from repo_paths import BOOKS, DATA, GLUE, REPO, VOCAB, WIKI_DUMP  # noqa: F401 (BOOKS, GLUE: used by fixtures below)
-
-DATA = REPO / "data"
-VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
-WIKI_DUMP = DATA / "wiki" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-BOOKS = sorted((DATA / "books").glob("*.txt"))
-GLUE = DATA / "glue"
+from repo_paths import DATA, REPO, VOCAB, WIKI_DUMP
 
 # DeepSpeed JIT-builds a CPU comm op on first use; cache it inside the project, as `make` does.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first: on several workers (`make test` runs two), the long tests start early and the short
+    ones fill the gaps at the end, instead of one worker idling while the other finishes a 5-minute test.
+    `slow(longest=True)` tests come first, then the other `slow` ones, then the rest, each group in
+    collection order (the same on every worker, as xdist requires)."""
+
+    def rank(item: pytest.Item) -> int:
+        mark = item.get_closest_marker("slow")
+        return 2 if mark is None else 0 if mark.kwargs.get("longest") else 1
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")

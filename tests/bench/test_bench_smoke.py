@@ -45,6 +45,7 @@ def test_pretrain_gpu_benchmark_cpu_smoke_times_both_models(small_corpus):
     assert "attention kernels" in out.stdout and "top kernels" in out.stdout and "recompiles" in out.stdout
 
 
+@pytest.mark.slow
 def test_our_finetuning_step_equals_transformers_in_lockstep():
     """Same batches, same head, dropout 0: our model, parameter groups, schedule and clipping give
     transformers' losses step for step (bench/finetune_lockstep.py; real MiniLM, 96 MRPC pairs)."""
@@ -63,6 +64,7 @@ def test_our_finetuning_step_equals_transformers_in_lockstep():
     assert abs(float(ours) - float(theirs)) < 1.0, out.stdout
 
 
+@pytest.mark.slow
 def test_mlm_context_bench_scores_mask_targets_against_its_peers(small_corpus):
     """bench/mlm_context.py: the peer levels from the corpus and our accuracy and loss at [MASK] with the
     ratio (the script, not a verdict: a few steps learn nothing); the second run with the local-attention

@@ -16,7 +16,7 @@ from repo_paths import REPO
 BERTPIPE = Path(sys.executable).with_name("bertpipe")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(longest=True)
 def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     out = tmp_path / "demo"
     done = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20", "--seeds", "1"],

@@ -69,6 +69,7 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+@pytest.mark.slow
 def test_pretrain_on_a_full_disk_keeps_the_last_checkpoint_and_resumes_exactly(tmpfs, reference_run, small_corpus):
     checkpoint_bytes = _du(reference_run / "checkpoints" / "global_step2")
     # Room for the run's small files and one checkpoint, not for the second.

@@ -108,6 +108,7 @@ def test_sentence_tasks_train_a_pooled_head_and_span_tasks_are_refused(tiny_chec
     assert "--freeze and --feature-based" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bilstm_beats_a_linear_head_on_frozen_minilm_features(minilm_dir, tmp_path):
     """200 training sentences of the bundled CoNLL-2003, 100 dev, MiniLM's last layer (cached once,
     shared by all four runs). The linear head gets the best of three learning rates, the BiLSTM one.

@@ -40,6 +40,7 @@ def _losses(corpus: Path, out: Path) -> list[float]:
     return [r["loss"] for r in records]
 
 
+@pytest.mark.slow
 def test_tiny_config_losses_equal_the_golden_file(small_corpus, tmp_path):
     losses = _losses(small_corpus, tmp_path / "run")
     if os.environ.get(REGENERATE) == "1":

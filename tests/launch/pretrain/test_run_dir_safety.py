@@ -316,6 +316,7 @@ def test_export_out_never_writes_over_what_bertpipe_did_not_write(run, tmp_path)
     assert bertpipe("export", out, "--out", foreign).returncode == 0
 
 
+@pytest.mark.slow
 def test_pretrain_out_never_writes_over_what_bertpipe_did_not_write(small_corpus, tmp_path):
     """A folder holding the user's own config.yaml and vocab.txt (names a run writes) is refused as it is;
     a run directory bertpipe made (its marker) is reused."""
@@ -424,6 +425,7 @@ def test_a_run_whose_export_cannot_be_written_says_how_to_export_it(run, tmp_pat
     assert (out / "export").read_text() == "a file of the user's"
 
 
+@pytest.mark.slow
 def test_resume_takes_a_rebuild_of_its_corpus_elsewhere_and_refuses_another_corpus(run, small_corpus, tmp_path):
     out = copy_run(run, tmp_path / "run")
     moved = Path(shutil.copytree(small_corpus, tmp_path / "moved"))

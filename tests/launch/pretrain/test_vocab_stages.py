@@ -62,6 +62,7 @@ def stages(tmp_path_factory) -> dict[str, dict[str, Path]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("casing", ["uncased", "cased"])
 def test_every_stage_decides_the_same_casing_and_tokenizes_alike(stages, casing):
     from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
