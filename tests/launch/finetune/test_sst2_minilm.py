@@ -2,8 +2,8 @@
 accuracy on CPU, through the real CLI. The measured time is in docs/PERFORMANCE.md.
 
 It trains on all 6,920 bundled SST-2 sentences (fewer land too close to 85%: 84.4 and 84.7% from 3,000
-with seeds 1 and 42, 85.8% from 4,000 with seed 42): ~2-5 minutes alone on 2 CPU cores, depending on the CPU and load.
-It is part of `make test`, where it starts first; `make test-accuracy` runs it alone, and
+with seeds 1 and 42, 85.8% from 4,000 with seed 42): ~2-5 minutes alone on 2 CPU cores, depending on
+the CPU and load. It is part of `make test`, where it starts first; `make test-accuracy` runs it alone, and
 BERTPIPE_SKIP_ACCURACY=1 leaves it out of a quick local run.
 """
 
