@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from built_once import built_once
 from repo_paths import DATA, REPO, VOCAB, WIKI_DUMP
 
 # DeepSpeed JIT-builds a CPU comm op on first use; cache it inside the project, as `make` does.
@@ -44,24 +45,25 @@ def data_dir() -> Path:
 def small_corpus(tmp_path_factory) -> Path:
     """A real corpus (seq 64) from one bundled book and the bundled Wikipedia dump, built by the CLI.
 
-    Shared by the loader, trainer, export and demo tests so the Beam job runs once per session.
+    Shared by the loader, trainer, export and demo tests so the Beam job runs once per test run.
     """
     from launch import cli
 
-    out = tmp_path_factory.mktemp("corpus") / "small"
-    argv = [
-        "corpus",
-        "--input", str(DATA / "books" / "persuasion.txt"), str(WIKI_DUMP),
-        "--vocab", str(VOCAB),
-        "--out", str(out),
-        "--seq-len", "64",
-        "--max-predictions", "10",
-        "--dupe-factor", "1",
-        "--seed", "1234",
-        "--num-shards", "2",
-    ]
-    assert cli.main(argv) == 0
-    return out
+    def build(out: Path) -> None:
+        argv = [
+            "corpus",
+            "--input", str(DATA / "books" / "persuasion.txt"), str(WIKI_DUMP),
+            "--vocab", str(VOCAB),
+            "--out", str(out),
+            "--seq-len", "64",
+            "--max-predictions", "10",
+            "--dupe-factor", "1",
+            "--seed", "1234",
+            "--num-shards", "2",
+        ]
+        assert cli.main(argv) == 0
+
+    return built_once(tmp_path_factory, "small_corpus", build)
 
 SENTENCES = [
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from built_once import built_once
 from repo_paths import DATA, VOCAB
 
 BERTPIPE = Path(sys.executable).with_name("bertpipe")
@@ -53,11 +54,12 @@ def test_corpus_on_a_full_disk_says_so_and_a_rerun_after_freeing_space_works(tmp
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, small_corpus):
     """4 uninterrupted steps on 1 process, a checkpoint at 2 and 4: the losses a resume must give."""
-    out = tmp_path_factory.mktemp("reference") / "run"
-    done = _run(["pretrain", "--config", "tiny", "--data", str(small_corpus), "--out", str(out), "--nproc", "1",
-                 "--max-steps", "4", "--save-every", "2", "--log.eval-every", "0", "--log.tensorboard", "false"])
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    def build(out: Path) -> None:
+        done = _run(["pretrain", "--config", "tiny", "--data", str(small_corpus), "--out", str(out), "--nproc", "1",
+                     "--max-steps", "4", "--save-every", "2", "--log.eval-every", "0", "--log.tensorboard", "false"])
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "disk_full_reference_run", build)
 
 
 def _losses(run: Path) -> dict[int, float]:

@@ -18,6 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from built_once import built_once
+
 STEPS, SAVE_EVERY = 12, 4
 BERTPIPE = Path(sys.executable).with_name("bertpipe")
 # A higher peak lr than the demo's so 12 steps show a clear fall; sample ids recorded for the audits.
@@ -63,22 +65,22 @@ def last_step(run: Path) -> int:
 
 
 class ReferenceRuns:
-    """Uninterrupted 12-step runs on 2 processes, one per ZeRO stage, made on first use."""
+    """Uninterrupted 12-step runs on 2 processes, one per ZeRO stage, made on first use, once per test run."""
 
-    def __init__(self, corpus: Path, root: Path) -> None:
-        self.corpus, self.root, self.runs = corpus, root, {}
+    def __init__(self, corpus: Path, factory: pytest.TempPathFactory) -> None:
+        self.corpus, self.factory = corpus, factory
 
     def __getitem__(self, stage: int) -> Path:
-        if stage not in self.runs:
-            out = self.root / f"zero{stage}"
-            run_ok(pretrain_cmd(self.corpus, out, 2, stage), self.root / f"zero{stage}.log")
-            self.runs[stage] = out
-        return self.runs[stage]
+        def build(out: Path) -> None:
+            out.mkdir()
+            run_ok(pretrain_cmd(self.corpus, out / "run", 2, stage), out / "run.log")
+
+        return built_once(self.factory, f"pretrain_zero{stage}", build) / "run"
 
 
 @pytest.fixture(scope="module")
 def reference(small_corpus, tmp_path_factory) -> ReferenceRuns:
-    return ReferenceRuns(small_corpus, tmp_path_factory.mktemp("pretrain_ref"))
+    return ReferenceRuns(small_corpus, tmp_path_factory)
 
 
 @pytest.mark.slow

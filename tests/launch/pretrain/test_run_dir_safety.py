@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from built_once import built_once
 from repo_paths import GLUE
 
 BERTPIPE = Path(sys.executable).with_name("bertpipe")
@@ -40,10 +41,11 @@ def bertpipe(*args: object, cwd: Path | None = None) -> subprocess.CompletedProc
 
 @pytest.fixture(scope="module")
 def run(small_corpus, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("hostile") / "run"
-    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    def build(out: Path) -> None:
+        done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "run_dir_safety_run", build)
 
 
 def copy_run(run: Path, dest: Path) -> Path:

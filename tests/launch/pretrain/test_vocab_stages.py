@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from built_once import built_once
 from launch import cli
 from repo_paths import BOOKS, REPO, VOCAB
 
@@ -38,28 +39,34 @@ def _cased_vocab(text: str, out: Path) -> Path:
 def stages(tmp_path_factory) -> dict[str, dict[str, Path]]:
     """Per casing: vocab, corpus, a 2-step padded-vocab run, its export, and a bare HF dir (weights,
     config and vocab.txt only: no tokenizer files, so readers fall back to the rule)."""
-    root = tmp_path_factory.mktemp("vocab_stages")
-    book = next(b for b in BOOKS if b.name == "persuasion.txt").read_text(encoding="utf-8")[:60000]
-    text = root / "book.txt"
-    text.write_text(book, encoding="utf-8")
-    out: dict[str, dict[str, Path]] = {}
-    for casing, vocab in (("uncased", VOCAB), ("cased", _cased_vocab(book, root / "cased_vocab"))):
-        d = root / casing
-        corpus, run, hf, bare = d / "corpus", d / "run", d / "hf", d / "bare"
-        assert cli.main(["corpus", "--input", str(text), "--vocab", str(vocab), "--out", str(corpus),
-                         "--seq-len", "32", "--dupe-factor", "1"]) == 0
-        rows = sum(1 for _ in open(vocab, encoding="utf-8")) + PAD_ROWS
-        cmd = [sys.executable, "-m", "launch.cli", "pretrain", "--config", "tiny", "--data", str(corpus),
-               "--out", str(run), "--nproc", "1", "--max-steps", "2", "--model.vocab-size", str(rows),
-               "--data.global-batch-size", "8", "--data.micro-batch-size", "8"]
-        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert cli.main(["export", str(run), "--out", str(hf)]) == 0
-        bare.mkdir()
-        for name in ("config.json", "model.safetensors", "vocab.txt"):
-            shutil.copyfile(hf / name, bare / name)
-        out[casing] = {"vocab": vocab, "corpus": corpus, "run": run, "hf": hf, "bare": bare}
-    return out
+
+    def build(root: Path) -> None:
+        root.mkdir()
+        book = next(b for b in BOOKS if b.name == "persuasion.txt").read_text(encoding="utf-8")[:60000]
+        text = root / "book.txt"
+        text.write_text(book, encoding="utf-8")
+        assert _cased_vocab(book, root / "cased_vocab") == root / "cased_vocab" / "vocab.txt"
+        for casing, vocab in vocabs(root).items():
+            corpus, run, hf, bare = (root / casing / name for name in ("corpus", "run", "hf", "bare"))
+            assert cli.main(["corpus", "--input", str(text), "--vocab", str(vocab), "--out", str(corpus),
+                             "--seq-len", "32", "--dupe-factor", "1"]) == 0
+            rows = sum(1 for _ in open(vocab, encoding="utf-8")) + PAD_ROWS
+            cmd = [sys.executable, "-m", "launch.cli", "pretrain", "--config", "tiny", "--data", str(corpus),
+                   "--out", str(run), "--nproc", "1", "--max-steps", "2", "--model.vocab-size", str(rows),
+                   "--data.global-batch-size", "8", "--data.micro-batch-size", "8"]
+            done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert cli.main(["export", str(run), "--out", str(hf)]) == 0
+            bare.mkdir()
+            for name in ("config.json", "model.safetensors", "vocab.txt"):
+                shutil.copyfile(hf / name, bare / name)
+
+    def vocabs(root: Path) -> dict[str, Path]:
+        return {"uncased": VOCAB, "cased": root / "cased_vocab" / "vocab.txt"}
+
+    root = built_once(tmp_path_factory, "vocab_stages", build)
+    return {casing: {"vocab": vocab, **{name: root / casing / name for name in ("corpus", "run", "hf", "bare")}}
+            for casing, vocab in vocabs(root).items()}
 
 
 @pytest.mark.slow
