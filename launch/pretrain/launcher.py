@@ -41,10 +41,10 @@ def exit_code(codes: Sequence[int]) -> int:
 def warn_stale_build_locks(max_age_s: float = 600.0) -> list[Path]:
     """Name, in one line each, a torch extension build lock left by a killed process; returns them.
 
-    On CPU, DeepSpeed JIT-builds its shared-memory comm op through torch, which holds `<op>/lock` in the
-    extensions folder even to check that the build is current. A process killed while holding it leaves
-    the file, and every later run then waits on it for ever without a word. A real build takes a minute
-    or two, so an older lock is most likely such a leftover.
+    DeepSpeed JIT-builds its C++ ops through torch (on CPU, its Adam for `zero.offload_optimizer=cpu`),
+    which holds `<op>/lock` in the extensions folder even to check that the build is current. A process
+    killed while holding it leaves the file, and every later run then waits on it for ever without a
+    word. A real build takes a minute or two, so an older lock is most likely such a leftover.
     """
     from torch.utils.cpp_extension import get_default_build_root
 
@@ -56,23 +56,6 @@ def warn_stale_build_locks(max_age_s: float = 600.0) -> list[Path]:
                     "waits on it for ever; unless another run is building them now, delete it",
                     lock, (time.time() - lock.stat().st_mtime) // 60)
     return stale
-
-
-def unlink_shm_buffer(rank: int) -> Path | None:
-    """Remove the name of this rank's shared-memory all-reduce buffer once every rank has mapped it.
-
-    On CPU, when every rank is on one host (the `deepspeed` launcher sets LOCAL_SIZE), DeepSpeed's shm
-    comm op creates /dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank> (66 MB) and never
-    unlinks it: each run left 66 MB of RAM per rank in /dev/shm until a reboot. The mappings stay
-    valid after the unlink. Call it after a barrier that follows the process group's creation (the
-    other ranks open the name while they join). Returns the path removed, if there was one."""
-    path = Path("/dev/shm") / (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
-                               f"{os.environ.get('MASTER_PORT', '')}_{rank}")
-    try:
-        path.unlink()
-    except OSError:  # not made (not all ranks local, no shm op) or not ours to remove
-        return None
-    return path
 
 
 def free_port() -> int:

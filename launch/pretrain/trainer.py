@@ -30,7 +30,7 @@ from launch.pretrain.preflight import preflight
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
 from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile_blocks, compile_enabled, to_device
 from launch.log import global_rank, launcher_world_size
-from launch.pretrain.launcher import STOP_SIGNALS, free_port, unlink_shm_buffer, warn_stale_build_locks
+from launch.pretrain.launcher import STOP_SIGNALS, free_port, warn_stale_build_locks
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import apply_after_load, build_scheduler
@@ -62,16 +62,22 @@ def init_distributed() -> None:
                           MASTER_PORT=str(free_port()))
     if not dist.is_initialized():
         backend = "nccl" if get_accelerator().device_name() == "cuda" else "gloo"
-        if backend == "gloo" and global_rank() == 0:
-            warn_stale_build_locks()
+        if backend == "gloo":
+            # On CPU DeepSpeed JIT-compiles a shared-memory all-reduce op as it joins the group, for
+            # `inference_all_reduce`, which only its inference engine calls; training's collectives go
+            # through gloo. The op cost a minute of C++ build on a fresh machine (and a compiler), 66 MB of
+            # /dev/shm a rank that DeepSpeed never unlinked, and, when a run was killed mid-build, a lock
+            # on which every later run waited. Marked unavailable, DeepSpeed does without it.
+            from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+            deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+            if global_rank() == 0:
+                warn_stale_build_locks()
         # The other ranks wait in a collective while rank 0 hashes the corpus (preflight, every launch):
         # tens of GiB over network storage outlast DeepSpeed's 10-minute default, and a restarted job
         # would time out the same way each time. DEEPSPEED_TIMEOUT (minutes) still sets it.
         minutes = int(os.environ.get("DEEPSPEED_TIMEOUT", DIST_TIMEOUT_MINUTES))
         deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=minutes))
-        if backend == "gloo" and dist.is_initialized():
-            dist.barrier()  # every rank has mapped the others' shm buffers by now
-            unlink_shm_buffer(dist.get_rank())
 
 
 def _dotted(tree: dict[str, Any], key: str) -> Any:

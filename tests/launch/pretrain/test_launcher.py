@@ -104,7 +104,8 @@ def test_a_rank_started_by_mpirun_is_seen_as_under_a_launcher(monkeypatch):
 
 def test_a_build_lock_left_by_a_killed_run_is_named_not_waited_on_in_silence(tmp_path, monkeypatch, caplog):
     # A run killed while torch held DeepSpeed's op build lock left `deepspeed_shm_comm/lock`: every later
-    # CPU run hung in init_distributed without a line of output (seen here after a killed test run).
+    # CPU run hung in init_distributed without a line of output (seen here after a killed test run). CPU runs
+    # no longer build that op; an op they may still build (CPU Adam, for optimizer offload) has the same lock.
     import os
 
     from launch.pretrain.launcher import warn_stale_build_locks

@@ -348,8 +348,10 @@ def test_same_trainer_under_the_deepspeed_launcher(small_corpus, reference, tmp_
     ref, got = metrics(reference[1]), metrics(out)
     assert [got[s]["loss"] for s in (1, 2)] == [ref[s]["loss"] for s in (1, 2)]
     assert [got[s]["sample_ids"] for s in (1, 2)] == [ref[s]["sample_ids"] for s in (1, 2)]
-    # DeepSpeed's CPU all-reduce buffers (66 MB a rank, made because this launcher sets LOCAL_SIZE) are
+    # DeepSpeed's CPU shared-memory all-reduce op is not built (init_distributed): it cost a minute of C++ build
+    # on a fresh machine, and its buffers (66 MB a rank, made because this launcher sets LOCAL_SIZE) were
     # never unlinked by DeepSpeed: each run left them in /dev/shm (RAM) until a reboot
+    assert "shm_comm" not in (tmp_path / "ds_launcher.log").read_text()
     assert not sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
 
 
