@@ -21,6 +21,7 @@ import bz2
 import hashlib
 import json
 import re
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -176,11 +177,21 @@ def _handler(server: MirrorServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """The download tests' clients drop connections on purpose (cut transfers, timeouts); socketserver
+    printed each such reset with a traceback on stderr, which pytest-xdist workers do not capture."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError, ...
+            super().handle_error(request, client_address)
+
+
 @pytest.fixture
 def http_server():
     server = MirrorServer()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(server))
-    httpd.daemon_threads = True
+    httpd = _QuietServer(("127.0.0.1", 0), _handler(server))
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="mirror", daemon=True)
     thread.start()
     server.url = f"http://127.0.0.1:{httpd.server_address[1]}"
