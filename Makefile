@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0
-# Test workers (pytest-xdist): on a 2-core machine the suite took 33 min in one process, 25-27 min on
+# Test workers (pytest-xdist): on a 2-core machine the suite took 33 min in one process, 23-27 min on
 # two (docs/PERFORMANCE.md, "Test suite"). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
