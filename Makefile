@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Extensions DeepSpeed JIT-builds on CPU (its shared-memory comm op) are cached inside the project.
+# C++ ops DeepSpeed JIT-builds (on CPU only for optimizer offload, its Adam) are cached inside the project.
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0
