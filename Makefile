@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# C++ ops DeepSpeed JIT-builds (on CPU only for optimizer offload, its Adam) are cached inside the project.
+# Should DeepSpeed JIT-build a C++ op (bertpipe runs build none: trainer.init_distributed), it is cached here.
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0

@@ -13,7 +13,7 @@ import torch
 from built_once import built_once
 from repo_paths import DATA, REPO, VOCAB, WIKI_DUMP
 
-# A C++ op DeepSpeed JIT-builds (CPU Adam, for optimizer offload) is cached inside the project, as `make` does.
+# Should DeepSpeed JIT-build a C++ op (bertpipe runs build none), it is cached inside the project, as `make` does.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -17,9 +17,7 @@ import os
 import signal
 import socket
 import sys
-import time
 import uuid
-from pathlib import Path
 from typing import Sequence
 
 log = logging.getLogger(__name__)
@@ -36,26 +34,6 @@ def exit_code(codes: Sequence[int]) -> int:
     stopped = (-signal.SIGTERM, -signal.SIGKILL)
     code = next((c for c in codes if c not in stopped), codes[0])
     return 128 - code if code < 0 else code or 1
-
-
-def warn_stale_build_locks(max_age_s: float = 600.0) -> list[Path]:
-    """Name, in one line each, a torch extension build lock left by a killed process; returns them.
-
-    DeepSpeed JIT-builds its C++ ops through torch (on CPU, its Adam for `zero.offload_optimizer=cpu`),
-    which holds `<op>/lock` in the extensions folder even to check that the build is current. A process
-    killed while holding it leaves the file, and every later run then waits on it for ever without a
-    word. A real build takes a minute or two, so an older lock is most likely such a leftover.
-    """
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    stale = [lock for lock in sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
-             if time.time() - lock.stat().st_mtime > max_age_s]
-    for lock in stale:
-        log.warning("%s is %d minutes old: a run killed while building DeepSpeed's ops leaves it, and this run "
-                    "waits on it for ever; unless another run is building them now, delete it",
-                    lock, (time.time() - lock.stat().st_mtime) // 60)
-    return stale
 
 
 def free_port() -> int:

@@ -28,9 +28,9 @@ from launch.pretrain.init_from import load_init_from
 from launch.pretrain.pretrain_config import PretrainConfig
 from launch.pretrain.preflight import preflight
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
-from launch.pretrain.fast_step import NonFiniteLossError, UpdateSkipper, compile_blocks, compile_enabled, to_device
-from launch.log import global_rank, launcher_world_size
-from launch.pretrain.launcher import STOP_SIGNALS, free_port, warn_stale_build_locks
+from launch.pretrain.fast_step import UpdateSkipper, compile_blocks, compile_enabled, to_device
+from launch.log import launcher_world_size
+from launch.pretrain.launcher import STOP_SIGNALS, free_port
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import apply_after_load, build_scheduler
@@ -67,12 +67,11 @@ def init_distributed() -> None:
             # `inference_all_reduce`, which only its inference engine calls; training's collectives go
             # through gloo. The op cost a minute of C++ build on a fresh machine (and a compiler), 66 MB of
             # /dev/shm a rank that DeepSpeed never unlinked, and, when a run was killed mid-build, a lock
-            # on which every later run waited. Marked unavailable, DeepSpeed does without it.
+            # on which every later run waited in silence. Marked unavailable, DeepSpeed does without it, and
+            # a bertpipe run builds no DeepSpeed op at all (its optimizers are its own, offload included).
             from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
             deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
-            if global_rank() == 0:
-                warn_stale_build_locks()
         # The other ranks wait in a collective while rank 0 hashes the corpus (preflight, every launch):
         # tens of GiB over network storage outlast DeepSpeed's 10-minute default, and a restarted job
         # would time out the same way each time. DEEPSPEED_TIMEOUT (minutes) still sets it.
