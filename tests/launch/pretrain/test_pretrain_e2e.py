@@ -344,6 +344,11 @@ def test_same_trainer_under_the_deepspeed_launcher(small_corpus, reference, tmp_
     launcher = Path(sys.executable).with_name("deepspeed")
     port = 29500 + os.getpid() % 1000
     cmd = [str(launcher), "--num_gpus", "2", "--master_port", str(port), "--module", "launch.pretrain", *flags]
+
+    def buffers() -> dict[Path, int]:
+        return {p: p.stat().st_mtime_ns for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")}
+
+    before = buffers()  # what a run of an older bertpipe on the same port left (they were never removed)
     run_ok(cmd, tmp_path / "ds_launcher.log")
     ref, got = metrics(reference[1]), metrics(out)
     assert [got[s]["loss"] for s in (1, 2)] == [ref[s]["loss"] for s in (1, 2)]
@@ -352,7 +357,7 @@ def test_same_trainer_under_the_deepspeed_launcher(small_corpus, reference, tmp_
     # on a fresh machine, and its buffers (66 MB a rank, made because this launcher sets LOCAL_SIZE) were
     # never unlinked by DeepSpeed: each run left them in /dev/shm (RAM) until a reboot
     assert "shm_comm" not in (tmp_path / "ds_launcher.log").read_text()
-    assert not sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
+    assert buffers() == before  # none made, none written
 
 
 def test_under_a_launcher_rank_0_alone_hashes_the_shards_and_names_a_damaged_one(small_corpus, tmp_path):
