@@ -20,6 +20,9 @@ import pytest
 
 def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
     """`build(path)` makes `path` (which does not exist yet) unless this test run already made it."""
+    # A plain name keeps `path`, and the removal of a failed build below, inside this run's temp folder.
+    if Path(name).name != name or name in (".", ".."):
+        raise ValueError(f"built_once needs a plain folder name, not {name!r}")
     base = factory.getbasetemp()
     # Under xdist each worker's basetemp is <run>/popen-gwN; <run> is shared by the workers of this run only.
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built_once"
@@ -28,7 +31,7 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this worker dies
         if not done.exists():
-            if out.exists():  # what a failed build by another worker left
+            if out.exists():  # what a failed build of this run left (the done marker is missing)
                 shutil.rmtree(out)
             build(out)
             assert out.exists(), f"building {name} made nothing at {out}"

@@ -24,6 +24,7 @@ from repo_paths import BOOKS, REPO, VOCAB
 
 SENTENCE = "Sir Walter Elliot, of Kellynch Hall, was a vain Man."
 PAD_ROWS = 6
+STAGES = ("corpus", "run", "hf", "bare")  # the folders made per casing
 
 
 def _cased_vocab(text: str, out: Path) -> Path:
@@ -47,7 +48,7 @@ def stages(tmp_path_factory) -> dict[str, dict[str, Path]]:
         text.write_text(book, encoding="utf-8")
         assert _cased_vocab(book, root / "cased_vocab") == root / "cased_vocab" / "vocab.txt"
         for casing, vocab in vocabs(root).items():
-            corpus, run, hf, bare = (root / casing / name for name in ("corpus", "run", "hf", "bare"))
+            corpus, run, hf, bare = (root / casing / name for name in STAGES)
             assert cli.main(["corpus", "--input", str(text), "--vocab", str(vocab), "--out", str(corpus),
                              "--seq-len", "32", "--dupe-factor", "1"]) == 0
             rows = sum(1 for _ in open(vocab, encoding="utf-8")) + PAD_ROWS
@@ -65,7 +66,7 @@ def stages(tmp_path_factory) -> dict[str, dict[str, Path]]:
         return {"uncased": VOCAB, "cased": root / "cased_vocab" / "vocab.txt"}
 
     root = built_once(tmp_path_factory, "vocab_stages", build)
-    return {casing: {"vocab": vocab, **{name: root / casing / name for name in ("corpus", "run", "hf", "bare")}}
+    return {casing: {"vocab": vocab, **{name: root / casing / name for name in STAGES}}
             for casing, vocab in vocabs(root).items()}
 
 
