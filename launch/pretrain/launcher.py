@@ -27,13 +27,42 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
-def exit_code(codes: Sequence[int]) -> int:
-    """The launcher's exit code from its failed workers' (negative: killed by that signal): the cause,
-    not the workers the agent then stopped (-SIGTERM, or -SIGKILL after the grace); a signal as the
-    shell reports it, 128 + its number (a SIGTERM before the workers' handlers were set is 143, as after)."""
-    stopped = (-signal.SIGTERM, -signal.SIGKILL)
-    code = next((c for c in codes if c not in stopped), codes[0])
+# What a worker killed by a signal it did not ask for usually means (the launcher's one line about it).
+KILLED_BY = {
+    signal.SIGKILL: "on Linux usually the kernel's out-of-memory killer (`dmesg` names it): give the run more "
+                    "memory or a smaller --data.micro-batch-size",
+    signal.SIGBUS: "a memory-mapped file shrank under it (a corpus shard rewritten or cut short during the run)",
+    signal.SIGSEGV: "a crash in native code",
+    signal.SIGABRT: "an abort in native code",
+}
+
+
+def cause(failures: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """The (rank, exit code) that ended the run, from the failed workers' in the order the elastic agent
+    saw them fail (negative code: killed by that signal). The agent records the workers that failed on
+    their own first and those it then stopped after them (SIGTERM, or SIGKILL after the grace), so the
+    first is the cause; a SIGTERM is never one, unless every worker got it (then the launcher's own stop,
+    or one before the workers' handlers were set)."""
+    return next((f for f in failures if f[1] != -signal.SIGTERM), failures[0])
+
+
+def exit_code(code: int) -> int:
+    """A worker's exit code as the launcher returns it: a signal as the shell reports it, 128 + its number."""
     return 128 - code if code < 0 else code or 1
+
+
+def report_killed(rank: int, code: int) -> None:
+    """One line for a worker killed by a signal: it had no chance to say why, and the others' errors
+    (a peer gone from a collective) are about it, not the cause."""
+    if code >= 0 or -code in STOP_SIGNALS:
+        return  # it exited itself, after saying why, or was stopped as asked
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    why = KILLED_BY.get(-code)
+    log.error("worker rank %d was killed by %s (exit %d)%s; the run stopped: continue from its last checkpoint with "
+              "--resume", rank, name, exit_code(code), f": {why}" if why else "")
 
 
 def free_port() -> int:
@@ -84,7 +113,10 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
         elastic_launch(config, entrypoint=sys.executable)(*program, *worker_argv)
         return 0
     except ChildFailedError as err:
-        return exit_code([f.exitcode for _, f in sorted(err.failures.items())])
+        # err.failures keeps the agent's order (the dict it filled as it saw the workers fail).
+        rank, code = cause([(rank, f.exitcode) for rank, f in err.failures.items()])
+        report_killed(rank, code)
+        return exit_code(code)
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)

@@ -94,6 +94,24 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
+# How gloo says that the other end of a collective is gone (NCCL's watchdog raises a DistError).
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def lost_peer_message(err: BaseException) -> str | None:
+    """One line for a collective that failed because another rank stopped (killed, crashed, failed), or
+    None for anything else: the traceback would be about this rank, not the cause, which that rank or
+    the launcher reports."""
+    import torch.distributed as dist
+
+    text = str(err).strip()
+    if not (isinstance(err, dist.DistError) or isinstance(err, RuntimeError) and any(s in text for s in PEER_GONE)):
+        return None
+    first = (text.splitlines() or [type(err).__name__])[0].split(". ")[0]
+    return (f"rank {global_rank()}: a collective with the other ranks failed ({first}); another rank stopped, and "
+            "its own message or the launcher's says why")
+
+
 def main(argv: list[str] | None = None) -> int:
     from launch.errors import CliError, disk_full_message
     from launch.pretrain.checkpoints import ReportedByRankZero
@@ -119,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as err:
         log.error("%s", err)
         return DIVERGED_EXIT
-    except Exception as err:  # noqa: BLE001 - a full disk becomes one line; anything else re-raises
+    except Exception as err:  # noqa: BLE001 - a full disk or a lost peer becomes one line; anything else re-raises
+        lost = lost_peer_message(err)
+        if lost is not None:
+            log.error("%s", lost)
+            return 1
         message = disk_full_message(err, args.out)
         if message is None:
             raise

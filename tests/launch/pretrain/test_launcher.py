@@ -21,6 +21,16 @@ if os.environ["RANK"] == "1":
 time.sleep(600)  # a survivor stuck (as in a collective with the dead rank): the launcher must stop it
 """
 
+KILLED_WORKER = """
+import os, signal, sys, time
+if os.environ["RANK"] == "1":
+    time.sleep(1)
+    os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
+# The survivor errors out as it is stopped, as a rank does whose collective lost its peer: not the cause.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+time.sleep(600)
+"""
+
 
 def test_workers_get_the_distributed_environment(tmp_path):
     worker = tmp_path / "env_worker.py"
@@ -61,12 +71,24 @@ def test_a_finished_lone_run_leaves_its_process_group(small_corpus, tmp_path, mo
     assert not (tmp_path / "extensions").exists()
 
 
-def test_the_exit_code_names_the_cause_and_a_signal_as_the_shell_does():
-    from launch.pretrain.launcher import exit_code
+def test_a_worker_killed_from_outside_is_named_in_one_line_and_its_code_returned(tmp_path, caplog):
+    worker = tmp_path / "killed_worker.py"
+    worker.write_text(KILLED_WORKER)
+    with caplog.at_level("ERROR", logger="launch.pretrain.launcher"):
+        assert launch_local(2, [], program=[str(worker)]) == 137  # not the survivor's 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "worker rank 1 was killed by SIGKILL (exit 137): on Linux usually the kernel's " \
+        "out-of-memory killer" in lines[0] and "--resume" in lines[0], lines
 
-    assert exit_code([-15, 3]) == 3  # the failing worker, not the one the agent then stopped
-    assert exit_code([-15, -15]) == 143  # SIGTERM before the workers' handlers were set: 143, not 15
-    assert exit_code([-9, -11]) == 139 and exit_code([0]) == 1
+
+def test_the_cause_is_the_first_failure_seen_and_a_signal_exits_as_the_shell_says():
+    from launch.pretrain.launcher import cause, exit_code
+
+    # (rank, code) in the order the agent saw them fail; the ones it stopped come after the cause
+    assert cause([(1, 3), (0, -15)]) == (1, 3) and cause([(0, -15), (1, 3)]) == (1, 3)  # seen together
+    assert cause([(1, -9), (0, 1)]) == (1, -9)  # killed, then its peer failed: the kill is the cause
+    assert cause([(0, -15), (1, -15)]) == (0, -15)  # SIGTERM before the workers' handlers were set
+    assert exit_code(-15) == 143 and exit_code(-9) == 137 and exit_code(3) == 3 and exit_code(0) == 1
 
 
 def test_the_process_group_waits_out_rank_zeros_corpus_check(monkeypatch):
@@ -103,3 +125,18 @@ def test_a_rank_started_by_mpirun_is_seen_as_under_a_launcher(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "8")
     assert launcher_world_size() == 8
+
+
+def test_only_a_collective_that_lost_its_peer_becomes_the_one_line(monkeypatch):
+    import torch.distributed as dist
+
+    from launch.pretrain.worker import lost_peer_message
+
+    monkeypatch.setenv("RANK", "3")
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:18817. This is "
+                        "typically caused by a remote worker crashing.")
+    assert lost_peer_message(gloo) == (
+        "rank 3: a collective with the other ranks failed ([gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:18817); another rank stopped, and its own message or the launcher's says why")
+    assert lost_peer_message(dist.DistBackendError("NCCL watchdog timeout")).startswith("rank 3: a collective")
+    assert lost_peer_message(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None  # a bug: its traceback

@@ -203,6 +203,33 @@ def test_sigterm_checkpoints_and_exits_143_so_a_scheduler_restarts_it(small_corp
     assert "stopped by signal" in output and f"(exit {128 + signum})" in output
 
 
+@pytest.mark.slow
+def test_a_rank_killed_alone_is_named_in_one_line_with_no_traceback_and_exit_137(small_corpus, tmp_path):
+    """What the out-of-memory killer does: one rank SIGKILLed. The launcher names it, the survivor whose
+    collective lost its peer says so in one line (it printed gloo's 40-line traceback), and the run's exit
+    code is the kill's (it was the survivor's 1); the last checkpoint is kept."""
+    out = tmp_path / "oom"
+    proc = subprocess.Popen(pretrain_cmd(small_corpus, out, 2, 1, "--max-steps", "10000", "--save-every", "2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        wait_for(lambda: last_step(out) >= 3, proc)
+        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "launch.pretrain" in c.cmdline()]
+        next(r for r in ranks if r.environ().get("RANK") == "1").kill()
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 137, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if " ERROR " in line]
+    assert any("worker rank 1 was killed by SIGKILL (exit 137): on Linux usually the kernel's out-of-memory killer"
+               in line for line in errors), output[-3000:]
+    survivor = "ERROR launch.pretrain.worker: rank 0: a collective with the other ranks failed ("
+    assert all("launch.pretrain.launcher" in line or survivor in line for line in errors), errors
+    assert int((out / "checkpoints" / "latest").read_text().strip().removeprefix("global_step")) >= 2
+
+
 CRASHING_WORKER = """
 import os, sys
 import launch.pretrain.checkpoints as ckpt
