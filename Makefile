@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED := 0
-# Test workers (pytest-xdist): on a 2-core machine the suite took 33 min in one process, 23-27 min on
-# two (docs/PERFORMANCE.md, "Test suite"). TEST_WORKERS=0 runs it in one process.
+# Test workers (pytest-xdist): on a 2-core AVX2 machine the suite took 33 min in one process, 23-27 min on
+# two; 13 min on two on a 2-core AVX-512 one (docs/PERFORMANCE.md, "Test suite"). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 .PHONY: install test test-accuracy demo bench k8s-validate image clean help
