@@ -4,9 +4,12 @@ lines between documents (files `train.txt`, `dev.txt`/`valid.txt`/`eng.testa`, `
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from launch.finetune.examples import DataError, SkipCounter, TaggedExample, in_documents, text_lines
+
+logger = logging.getLogger(__name__)
 
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 FILES = {
@@ -27,7 +30,10 @@ def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
 
 
 def read_conll(path: Path, *, skips: SkipCounter | None = None) -> list[TaggedExample]:
-    """Sentences in file order; each carries its document id so document context can be rebuilt."""
+    """Sentences in file order; each carries its document id so document context can be rebuilt.
+
+    A malformed line skipped (`skips.allow`) leaves out its whole sentence: without the word the rest
+    would be another sentence, labelled as if it were this one."""
     skips = skips or SkipCounter()
     known = set(LABELS)
     examples: list[TaggedExample] = []
@@ -35,12 +41,17 @@ def read_conll(path: Path, *, skips: SkipCounter | None = None) -> list[TaggedEx
     tags: list[str] = []
     doc = 0
     start_line = 0
+    broken = False  # the sentence being read had a malformed line
+    left_out = 0
 
     def flush() -> None:
-        if words:
+        nonlocal broken, left_out
+        if words and not broken:
             examples.append(TaggedExample(f"{path.stem}-{start_line}", tuple(words), tuple(tags), f"doc{doc}"))
-            words.clear()
-            tags.clear()
+        left_out += broken
+        words.clear()
+        tags.clear()
+        broken = False
 
     for line_no, line in text_lines(path):
         line = line.rstrip("\n")
@@ -54,6 +65,7 @@ def read_conll(path: Path, *, skips: SkipCounter | None = None) -> list[TaggedEx
         fields = line.split()
         if len(fields) != 4:
             skips.malformed(path, line_no, f"expected 4 space-separated fields (word POS chunk NER), got {len(fields)}")
+            broken = True
             continue
         if fields[3] not in known:
             raise DataError(f"{path}:{line_no}: unknown NER tag {fields[3]!r}; CoNLL-2003 tags are {list(LABELS)}")
@@ -63,4 +75,6 @@ def read_conll(path: Path, *, skips: SkipCounter | None = None) -> list[TaggedEx
         tags.append(fields[3])
     flush()
     skips.log(str(path))
+    if left_out:
+        logger.warning("%s: left out %d sentence(s) with a malformed line", path, left_out)
     return in_documents(examples)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -155,7 +154,7 @@ def test_conll_and_swag_bad_lines():
     with pytest.raises(DataError, match=r"train.txt:6: expected 4 space-separated fields"):
         conll.read_conll(FIXTURES / "broken" / "conll_bad" / "train.txt")
     skips = SkipCounter(allow=True)
-    assert len(conll.read_conll(FIXTURES / "broken" / "conll_bad" / "train.txt", skips=skips)[0].words) == 3
+    assert conll.read_conll(FIXTURES / "broken" / "conll_bad" / "train.txt", skips=skips) == []
     assert skips.count == 1
     with pytest.raises(DataError, match=r"train.csv:3: unknown label '7'"):
         swag.read_swag(FIXTURES / "broken" / "swag_bad_label" / "train.csv", labelled=True)
@@ -194,6 +193,18 @@ def test_a_byte_order_mark_does_not_make_docstart_a_sentence(tmp_path):
     conll_file.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n", encoding="utf-8-sig")
     examples = conll.read_conll(conll_file)
     assert [ex.words for ex in examples] == [("EU", "rejects")]
+
+
+def test_a_skipped_conll_line_leaves_out_its_whole_sentence(tmp_path, caplog):
+    # It dropped only the line: "EU rejects call" was kept, another sentence labelled as if it were this one.
+    path = tmp_path / "train.txt"
+    path.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP\ncall NN I-NP O\n\n"
+                    "Peter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n")
+    skips = SkipCounter(allow=True)
+    with caplog.at_level("WARNING", logger="launch.finetune"):
+        examples = conll.read_conll(path, skips=skips)
+    assert [ex.words for ex in examples] == [("Peter", "Blackburn")] and skips.count == 1
+    assert f"{path}: left out 1 sentence(s) with a malformed line" in caplog.text
 
 
 def test_skips_are_logged_against_the_file_that_had_them(tmp_path, caplog):
