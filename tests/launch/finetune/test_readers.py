@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from launch.finetune import conll, glue, squad, swag, userdata
