@@ -380,6 +380,8 @@ def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, 
     import ray
     from ray import tune
 
+    from launch.finetune.sweep_progress import SweepProgress, quiet_tune
+
     with ray_session(address, num_cpus, temp_dir):
         if gpus_per_trial is None:
             gpus_per_trial = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
@@ -392,23 +394,18 @@ def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, 
             # reuse_actors: the next trial runs in a worker that already imported torch and the model code.
             tune_config=tune.TuneConfig(trial_name_creator=_tune_trial_name, trial_dirname_creator=_tune_trial_name,
                                         reuse_actors=True),
+            # Tune's own output (tables per trial) off; one line per trial event instead.
             run_config=tune.RunConfig(
-                name=EXPERIMENT, storage_path=str(out), verbose=1,
+                name=EXPERIMENT, storage_path=str(out), verbose=0, callbacks=[SweepProgress(
+                    len(pending), out / EXPERIMENT, trial_name, lambda point: get_task(point["task"]).metric, REFUSED)],
                 failure_config=tune.FailureConfig(max_failures=max_failures),
             ),
         )
         # Ctrl-C stops the sweep at once (KeyboardInterrupt; the CLI says how to continue): Tune's own
         # handler would instead wind down and return as if the sweep had ended. Nothing is lost either
         # way, finished trials are recorded.
-        previous = os.environ.get(NO_TUNE_SIGINT)
-        os.environ[NO_TUNE_SIGINT] = "1"
-        try:
+        with quiet_tune({NO_TUNE_SIGINT: "1"}):
             grid_result = tuner.fit()
-        finally:
-            if previous is None:
-                os.environ.pop(NO_TUNE_SIGINT, None)
-            else:
-                os.environ[NO_TUNE_SIGINT] = previous
         return {r.config["point"]["index"]: _outcome(r) for r in grid_result}
 
 

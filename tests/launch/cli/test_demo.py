@@ -44,6 +44,9 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     assert pointer and f"### {pointer[2]}" in (REPO / pointer[1]).read_text(encoding="utf-8"), done.stdout[-2000:]
     # The inspect summary and the sweep's table both reach the user.
     assert "[CLS]" in done.stdout and done.stdout.count("| System | SST-2 | Average |") == 1
+    # The sweep's progress is ours, a line per trial, not Ray Tune's tables.
+    assert re.search(r"\[2/2\] sst2-\S+ finished: dev accuracy 0\.\d+", done.stderr), done.stderr[-2000:]
+    assert "╭" not in done.stdout + done.stderr and "Trial status" not in done.stdout + done.stderr
 
     # Run again: every finished step is reused (no corpus job, pre-training, export or trial runs again).
     kept = [out / "corpus" / "manifest.json", out / "run" / "metrics.jsonl", out / "hf_model" / "model.safetensors",

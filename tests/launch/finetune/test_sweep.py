@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -121,10 +122,22 @@ def local_ray():
 
 
 @pytest.mark.slow
-def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, tmp_path):
+def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, tmp_path, caplog, capfd):
     out = tmp_path / "sweep"
+    caplog.set_level("INFO", logger="launch.finetune.sweep_progress")
     result = run_sweep(["sst2"], tiny_checkpoint, GLUE, out, grid="quick", overrides=TRIAL,
                        crash_first_attempt=1, max_failures=1, name="tiny")
+    # One line per trial event, in place of Tune's tables (some 70 lines a trial) and the crash's traceback
+    progress = [r.getMessage() for r in caplog.records if r.name == "launch.finetune.sweep_progress"]
+    crash = out / "tune" / "sst2-bs32-ep1-lr3e-05-seed1" / "error.txt"
+    assert crash.is_file() and ("[0/2] sst2-bs32-ep1-lr3e-05-seed1 crashed on attempt 1 (launch.finetune.tune_sweep."
+                                "InjectedFault: trial 1: injected crash on its first attempt (test hook); traceback in "
+                                f"{crash}); running it again") in progress, progress
+    for lr in ("5e-05", "3e-05"):
+        assert any(re.fullmatch(rf"\[[12]/2\] sst2-bs32-ep1-lr{lr}-seed1 finished: dev accuracy 0\.\d{{4}} after \d+ s "
+                                "of training", line) for line in progress), progress
+    printed = capfd.readouterr()
+    assert "╭" not in printed.out + printed.err and "Traceback" not in printed.out + printed.err, printed
     assert result.failed == 0 and len(result.trials) == 2
     assert (out / "fault_injection" / "trial-001").is_file()  # it did crash once, and FailureConfig retried it
     assert (out / "trials" / "sst2-bs32-ep1-lr3e-05-seed1" / "metrics.json").is_file()
@@ -157,6 +170,9 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
     assert first.failed == 1 and first.summary["sst2"]["failed"][0]["index"] == 0
     # the trial's own exception, not Ray's wrapper line naming the actor
     assert first.trials[0]["error"].startswith("InjectedFault: trial 0: injected crash"), first.trials[0]["error"]
+    failed = out2 / "tune" / "sst2-bs32-ep1-lr5e-05-seed1" / "error.txt"
+    assert failed.is_file() and any(re.match(r"\[[12]/2\] sst2-bs32-ep1-lr5e-05-seed1 failed after 1 attempt\(s\) \(launch\.", line)
+                                    and line.endswith(f"; traceback in {failed})") for line in caplog.messages)
     # Tune copies trial dirs into OUT (file times change); a re-run would write a new result line.
     done = out2 / "tune" / "sst2-bs32-ep1-lr3e-05-seed1" / "result.json"
     before = done.read_text()
@@ -174,6 +190,7 @@ def test_sweep_retries_a_crashed_trial_and_resumes(local_ray, tiny_checkpoint, t
                     overrides=TRIAL, max_failures=1)
     assert bad.failed == 1
     assert bad.trials[0]["error"] == f"refused: {data / 'dev.tsv'}:2: unknown label '7'; SST-2 labels are ['0', '1']"
+    assert f"[1/1] sst2-lr5e-05-seed1 {bad.trials[0]['error']}" in caplog.messages
     refused = tmp_path / "refused" / "tune" / "sst2-lr5e-05-seed1"
     assert refused.is_dir() and not (refused / "error.txt").exists()  # no attempt raised
 
