@@ -101,15 +101,20 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 def lost_peer_message(err: BaseException) -> str | None:
     """One line for a collective that failed because another rank stopped (killed, crashed, failed), or
     None for anything else: the traceback would be about this rank, not the cause, which that rank or
-    the launcher reports."""
+    the launcher reports. The error may come wrapped (raised from it) by the code that ran the collective."""
     import torch.distributed as dist
 
-    text = str(err).strip()
-    if not (isinstance(err, dist.DistError) or isinstance(err, RuntimeError) and any(s in text for s in PEER_GONE)):
-        return None
-    first = (text.splitlines() or [type(err).__name__])[0].split(". ")[0]
-    return (f"rank {global_rank()}: a collective with the other ranks failed ({first}); another rank stopped, and "
-            "its own message or the launcher's says why")
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return None
+        text = str(seen).strip()
+        if isinstance(seen, dist.DistError) or isinstance(seen, RuntimeError) and any(s in text for s in PEER_GONE):
+            first = (text.splitlines() or [type(seen).__name__])[0].split(". ")[0]
+            return (f"rank {global_rank()}: a collective with the other ranks failed ({first}); another rank stopped, "
+                    "and its own message or the launcher's says why")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,3 +140,10 @@ def test_only_a_collective_that_lost_its_peer_becomes_the_one_line(monkeypatch):
         "[127.0.0.1]:18817); another rank stopped, and its own message or the launcher's says why")
     assert lost_peer_message(dist.DistBackendError("NCCL watchdog timeout")).startswith("rank 3: a collective")
     assert lost_peer_message(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None  # a bug: its traceback
+    try:  # wrapped by the code that ran the collective (a save, say)
+        try:
+            raise gloo
+        except RuntimeError as inner:
+            raise OSError("could not save the checkpoint") from inner
+    except OSError as wrapped:
+        assert lost_peer_message(wrapped).startswith("rank 3: a collective with the other ranks failed ([gloo/")
