@@ -14,7 +14,6 @@ import logging
 import os
 from pathlib import Path
 from typing import Callable, Iterator
-from unittest import mock
 
 from ray.tune import Callback
 
@@ -66,14 +65,21 @@ class SweepProgress(Callback):
 
 @contextlib.contextmanager
 def quiet_tune(env: dict[str, str]) -> Iterator[None]:
-    """While a sweep runs: `env` set (restored after), Tune's console reporter off (the legacy one, at
-    verbose=0, prints nothing), and the tune controller's log of each crash's traceback (kept in the
-    trial's error.txt, which our line names) silenced."""
+    """While a sweep runs: `env` set (only those keys restored after), Tune's console reporter off (the
+    legacy one, at verbose=0, prints nothing), and the tune controller's log of each crash's traceback
+    (kept in the trial's error.txt, which our line names) silenced."""
+    env = {**env, "RAY_AIR_NEW_OUTPUT": "0"}
+    saved = {key: os.environ.get(key) for key in env}
     controller = logging.getLogger("ray.tune.execution.tune_controller")
     level = controller.level
     controller.setLevel(logging.CRITICAL)
+    os.environ.update(env)
     try:
-        with mock.patch.dict(os.environ, {**env, "RAY_AIR_NEW_OUTPUT": "0"}):
-            yield
+        yield
     finally:
         controller.setLevel(level)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
