@@ -17,6 +17,8 @@ from typing import Callable, Iterator
 
 from ray.tune import Callback
 
+from launch.environ import restoring_environ
+
 logger = logging.getLogger(__name__)
 
 
@@ -69,17 +71,12 @@ def quiet_tune(env: dict[str, str]) -> Iterator[None]:
     legacy one, at verbose=0, prints nothing), and the tune controller's log of each crash's traceback
     (kept in the trial's error.txt, which our line names) silenced."""
     env = {**env, "RAY_AIR_NEW_OUTPUT": "0"}
-    saved = {key: os.environ.get(key) for key in env}
     controller = logging.getLogger("ray.tune.execution.tune_controller")
     level = controller.level
     controller.setLevel(logging.CRITICAL)
-    os.environ.update(env)
     try:
-        yield
+        with restoring_environ(*env):
+            os.environ.update(env)
+            yield
     finally:
         controller.setLevel(level)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

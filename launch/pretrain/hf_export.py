@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
+from launch.environ import restoring_environ
 from launch.pretrain.training_log import read_records
 from model.torch_files import load_torch_file
 from pipeline.vocab import Vocab
@@ -61,21 +62,15 @@ def load_checkpoint_file(path: Path) -> Any:
 @contextlib.contextmanager
 def safe_deepspeed_loads(what: Path) -> Iterator[None]:
     """DeepSpeed's own `torch.load`s of checkpoint `what` as `weights_only=True` with our allow-list."""
-    saved = {k: os.environ.get(k) for k in (FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY)}
-    os.environ[FORCE_WEIGHTS_ONLY] = "1"
-    os.environ.pop(NO_FORCE_WEIGHTS_ONLY, None)
-    try:
-        with torch.serialization.safe_globals(list(deepspeed_safe_globals())):
-            yield
-    except pickle.UnpicklingError as err:  # the files were checked before; this one changed since
-        raise ValueError(f"{what}: refused to load a file that is not tensors only "
-                         f"({str(err).splitlines()[-1][:200]})") from None
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with restoring_environ(FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY):
+        os.environ[FORCE_WEIGHTS_ONLY] = "1"
+        os.environ.pop(NO_FORCE_WEIGHTS_ONLY, None)
+        try:
+            with torch.serialization.safe_globals(list(deepspeed_safe_globals())):
+                yield
+        except pickle.UnpicklingError as err:  # the files were checked before; this one changed since
+            raise ValueError(f"{what}: refused to load a file that is not tensors only "
+                             f"({str(err).splitlines()[-1][:200]})") from None
 
 
 def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -20,6 +20,8 @@ import sys
 import uuid
 from typing import Sequence
 
+from launch.environ import restoring_environ
+
 log = logging.getLogger(__name__)
 
 # What stops a run with a checkpoint: SIGTERM (preemption), SIGINT (Ctrl-C), SIGUSR1 (what mpirun passes
@@ -105,12 +107,13 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
             except psutil.NoSuchProcess:
                 pass
 
-    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "TORCHELASTIC_SIGNALS_TO_HANDLE")}
-    os.environ["OMP_NUM_THREADS"] = threads  # workers inherit the launcher's environment
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
     log.info("starting %d worker process(es) with %s OpenMP thread(s) each", nproc, threads)
     try:
-        elastic_launch(config, entrypoint=sys.executable)(*program, *worker_argv)
+        # elastic_launch sets TORCHELASTIC_SIGNALS_TO_HANDLE in this process; both are put back afterwards.
+        with restoring_environ("OMP_NUM_THREADS", "TORCHELASTIC_SIGNALS_TO_HANDLE"):
+            os.environ["OMP_NUM_THREADS"] = threads  # workers inherit the launcher's environment
+            elastic_launch(config, entrypoint=sys.executable)(*program, *worker_argv)
         return 0
     except ChildFailedError as err:
         # err.failures keeps the agent's order (the dict it filled as it saw the workers fail).
@@ -122,8 +125,3 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
             lg.setLevel(level)
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
