@@ -12,6 +12,16 @@ class CliError(Exception):
     """
 
 
+def exception_chain(err: BaseException, limit: int = 8) -> list[BaseException]:
+    """`err`, then what it was raised from (or while handling), and so on: at most `limit` of them."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and len(chain) < limit:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
 def disk_full_message(err: BaseException, path: object) -> str | None:
     """One line for a full disk, naming the path, or None when `err` is something else.
 
@@ -23,10 +33,7 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
     import os
     import shutil
 
-    chain, seen = [], err
-    while seen is not None and len(chain) < 8:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
+    chain = exception_chain(err)
     nospace = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
     text = " ".join(str(e) for e in chain)
     nospace = nospace or "No space left on device" in text

@@ -104,16 +104,14 @@ def lost_peer_message(err: BaseException) -> str | None:
     the launcher reports. The error may come wrapped (raised from it) by the code that ran the collective."""
     import torch.distributed as dist
 
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            return None
+    from launch.errors import exception_chain
+
+    for seen in exception_chain(err):
         text = str(seen).strip()
         if isinstance(seen, dist.DistError) or isinstance(seen, RuntimeError) and any(s in text for s in PEER_GONE):
             first = (text.splitlines() or [type(seen).__name__])[0].split(". ")[0]
             return (f"rank {global_rank()}: a collective with the other ranks failed ({first}); another rank stopped, "
                     "and its own message or the launcher's says why")
-        seen = seen.__cause__ or seen.__context__
     return None
 
 
