@@ -116,7 +116,7 @@ def lost_peer_message(err: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from launch.errors import CliError, disk_full_message
+    from launch.errors import CliError
     from launch.pretrain.checkpoints import ReportedByRankZero
     from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
 
@@ -141,16 +141,44 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", err)
         return DIVERGED_EXIT
     except Exception as err:  # noqa: BLE001 - a full disk or a lost peer becomes one line; anything else re-raises
-        lost = lost_peer_message(err)
-        if lost is not None:
-            log.error("%s", lost)
+        if report_fault(err, args.out):
             return 1
-        message = disk_full_message(err, args.out)
-        if message is None:
-            raise
-        if global_rank() == 0:  # every rank may hit it; one line is enough
-            log.error("%s (add --resume: the last complete checkpoint is kept)", message)
-        return 1
+        raise
+
+
+def first_to_report(what: str) -> bool:
+    """True for the first rank of the group to report `what`, so that a fault every rank meets is said
+    once, and one that a single rank meets (any rank) is still said. The ranks count in the group's
+    key-value store, which answers after a failed collective; without one to ask, every rank reports."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return True
+    try:
+        store = dist.distributed_c10d._get_default_store()  # the store the group was made with
+        store.set_timeout(datetime.timedelta(seconds=10))  # its host (the agent, or rank 0) may be gone
+        return store.add(f"bertpipe/reported/{what}", 1) == 1
+    except Exception:  # noqa: BLE001 - a second line is better than none
+        return True
+
+
+def report_fault(err: BaseException, out: Path) -> bool:
+    """Log a full disk or a lost peer in one line and return True, or return False for anything else."""
+    from launch.errors import disk_full_message
+
+    lost = lost_peer_message(err)
+    if lost is not None:
+        log.error("%s", lost)
+        return True
+    message = disk_full_message(err, out)
+    if message is None:
+        return False
+    # Any rank may be the one whose file did not fit (each writes its own optimizer shard), or all may.
+    if first_to_report("disk-full"):
+        log.error("%s (add --resume: the last complete checkpoint is kept)", message)
+    return True
 
 
 if __name__ == "__main__":

@@ -32,6 +32,28 @@ time.sleep(600)
 """
 
 
+# Each rank writes its own file (as each writes its optimizer shard into a checkpoint), then all meet
+# in a barrier; the failing ones report through the worker's own handler. argv: DISK RANKS_THAT_WRITE_THERE
+DISK_FULL_WORKER = """
+import os, sys
+from pathlib import Path
+import torch.distributed as dist
+from launch.log import setup_logging
+from launch.pretrain.worker import report_fault
+disk, full = Path(sys.argv[1]), sys.argv[2].split(",")
+setup_logging()
+dist.init_process_group("gloo")
+dist.barrier()  # start together: the ranks meet the full disk at the same moment
+rank = os.environ["RANK"]
+try:
+    if rank in full:
+        (disk / f"optim_rank{rank}.pt").write_bytes(bytes(4 << 20))
+    dist.barrier()
+except Exception as err:
+    sys.exit(1 if report_fault(err, disk) else 3)  # the run directory, on the full disk
+"""
+
+
 def test_workers_get_the_distributed_environment(tmp_path):
     worker = tmp_path / "env_worker.py"
     worker.write_text(ENV_WORKER)
@@ -147,3 +169,22 @@ def test_only_a_collective_that_lost_its_peer_becomes_the_one_line(monkeypatch):
             raise OSError("could not save the checkpoint") from inner
     except OSError as wrapped:
         assert lost_peer_message(wrapped).startswith("rank 3: a collective with the other ranks failed ([gloo/")
+
+
+def test_a_full_disk_met_by_one_rank_is_reported_once_whichever_ranks_meet_it(tmp_path, tmpfs, capfd):
+    # Before, only rank 0 reported a full disk: rank 1 alone out of space exited without a word, and
+    # rank 0 said that another rank stopped and "its own message says why".
+    worker = tmp_path / "disk_full_worker.py"
+    worker.write_text(DISK_FULL_WORKER)
+    disk = tmpfs(1 << 20)
+    for full in ("1", "0,1"):
+        assert launch_local(2, [str(disk), full], program=[str(worker)]) == 1
+        err = capfd.readouterr().err
+        lines = [line for line in err.splitlines() if "no space left on device" in line]
+        assert len(lines) == 1, err
+        assert f"while writing {disk};" in lines[0] and "--resume" in lines[0], lines
+        if full == "1":
+            assert "[rank1] ERROR" in lines[0]
+        assert "Traceback" not in err, err
+        for leftover in disk.iterdir():
+            leftover.unlink()
