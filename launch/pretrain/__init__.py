@@ -6,6 +6,7 @@
   `schedule` (the LR schedule), `checkpoints` (atomic save, resume), `training_log` (metrics.jsonl,
   TensorBoard, progress).
 - `worker.main`: the per-process entry point (`python -m launch.pretrain` under `deepspeed`,
-  `torchrun` or `bertpipe pretrain --nproc N`, whose local launch is `launcher`).
+  `torchrun` or `bertpipe pretrain --nproc N`, whose local launch is `launcher`); `torchrun.main`:
+  torchrun exiting with the failed worker's own code (`python -m launch.pretrain.torchrun`).
 - `hf_export`: a run's checkpoint -> Hugging Face directory.
 """

@@ -33,6 +33,8 @@ IMAGE_ENTRYPOINTS = {
     "trainjob-trainer": "a TrainingRuntime's trainer step runs the TrainJob's trainer.command (checked there)",
 }
 TRAINER_STEP = ("trainer.kubeflow.org/trainjob-ancestor-step", "trainer")
+# torchrun, exiting with the failed worker's own code (bare torchrun exits 1 whatever happened).
+TORCHRUN_KEEPING_EXIT_CODES = ["python", "-m", "launch.pretrain.torchrun"]
 
 
 @lru_cache(maxsize=1)
@@ -200,10 +202,12 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
             # The MPIJob's launcher pod has no GPU: with one worker deepspeed would start the ranks there
             assert launcher.force_multi or "MPIJob" not in where, where
         check_pretrain_worker(launcher.user_args, where, monkeypatch, capsys)
-    elif program == "torchrun":
+    elif program == "torchrun" or argv[:3] == TORCHRUN_KEEPING_EXIT_CODES:
         from torch.distributed.run import get_args_parser
 
-        launcher = _parse_or_fail(get_args_parser(), argv[1:], where, capsys)
+        if program != "torchrun":
+            _require_module(argv[2])
+        launcher = _parse_or_fail(get_args_parser(), argv[1 if program == "torchrun" else 3:], where, capsys)
         assert launcher.module and launcher.training_script == "launch.pretrain", where
         check_pretrain_worker(launcher.training_script_args, where, monkeypatch, capsys)
     elif program == "/usr/sbin/sshd":
@@ -241,6 +245,8 @@ def test_every_stage_runs_a_bertpipe_command() -> None:
             seen.add(argv[1])
         elif argv[:1] in (["deepspeed"], ["torchrun"]):
             seen.add(argv[0])
+        elif argv[:3] == TORCHRUN_KEEPING_EXIT_CODES:
+            seen.add("torchrun")
     assert {"download", "corpus", "sweep", "deepspeed", "torchrun"} <= seen
 
 
@@ -253,7 +259,8 @@ def _documented_commands(text: str) -> list[list[str]]:
     joined = "\n".join(lines).replace("\\\n", " ")
     for line in joined.splitlines():
         line = line.strip()
-        if re.match(r"^(bertpipe|deepspeed|torchrun|ray (submit|job submit)|kubectl (apply|kustomize)) ", line):
+        if re.match(r"^(bertpipe|deepspeed|torchrun|python -m launch\.pretrain\.torchrun|ray (submit|job submit)|"
+                    r"kubectl (apply|kustomize)) ", line):
             commands.append(shlex.split(line, comments=True))
     return commands
 

@@ -94,7 +94,8 @@ def test_every_pretrain_pod_has_time_to_checkpoint_on_sigterm(rendered) -> None:
                 grace = pod.get("terminationGracePeriodSeconds", 30)
                 assert grace >= 600, (root, obj["metadata"]["name"])
                 for container in pod["containers"]:
-                    if container.get("command", [""])[0] == "torchrun":
+                    command = container.get("command", [])
+                    if command[:1] == ["torchrun"] or command[:3] == ["python", "-m", "launch.pretrain.torchrun"]:
                         env = {e["name"]: e.get("value") for e in container.get("env", [])}
                         assert 60 < int(env.get("PET_SHUTDOWN_TIMEOUT", 30)) < grace, (root, obj["metadata"]["name"])
 
@@ -117,3 +118,21 @@ def test_every_launcher_starts_one_process_per_gpu_of_its_pod(rendered, find_obj
         container = jobset["template"]["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert int(env["PET_NPROC_PER_NODE"]) == _gpus(container), root
+
+
+def test_a_user_error_or_a_diverged_run_fails_the_jobset_at_once(rendered, find_object) -> None:
+    # Before, a typo in a flag restarted all the nodes 10 times: bare torchrun exits 1 whatever its workers
+    # did, and the JobSet restarted on any failure. The pods now exit with their failed worker's code.
+    for root, objects in rendered.items():
+        jobset = find_object(objects, "JobSet", "bertpipe-pretrain-jobset")["spec"]
+        rules = jobset["failurePolicy"]["rules"]
+        assert rules[0]["action"] == "FailJobSet" and rules[0]["onJobFailureReasons"] == ["PodFailurePolicy"], root
+        job = jobset["replicatedJobs"][0]["template"]["spec"]
+        container = job["template"]["spec"]["containers"][0]
+        assert container["command"][:3] == ["python", "-m", "launch.pretrain.torchrun"], root
+        fail_job = [r for r in job["podFailurePolicy"]["rules"] if r["action"] == "FailJob"]
+        assert fail_job == [{"action": "FailJob", "onExitCodes": {"containerName": container["name"], "operator": "In",
+                                                                   "values": [2, 3]}}], root
+    from launch.pretrain.fast_step import DIVERGED_EXIT
+
+    assert DIVERGED_EXIT == 3  # the code the manifests name

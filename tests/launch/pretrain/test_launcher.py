@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 from launch.pretrain.launcher import launch_local
@@ -188,3 +191,25 @@ def test_a_full_disk_met_by_one_rank_is_reported_once_whichever_ranks_meet_it(tm
         assert "Traceback" not in err, err
         for leftover in disk.iterdir():
             leftover.unlink()
+
+
+def _torchrun(*argv: str) -> subprocess.CompletedProcess[str]:
+    from repo_paths import REPO
+
+    command = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2", *argv]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_torchrun_as_the_manifests_run_it_exits_with_the_workers_own_code(tmp_path):
+    # Bare torchrun exits 1 whatever its workers did: Kubernetes restarted a run with a wrong flag as if
+    # a node had failed. A user error is 2 on every rank, and a worker killed by a signal is named.
+    done = _torchrun("--module", "launch.pretrain", "--config", "tiny", "--data", str(tmp_path / "no-corpus"),
+                     "--out", str(tmp_path / "run"))
+    assert done.returncode == 2, done.stderr
+    assert f"{tmp_path / 'no-corpus'} has no manifest.json" in done.stderr and "Traceback" not in done.stderr
+    worker = tmp_path / "killed_worker.py"
+    worker.write_text(KILLED_WORKER)
+    done = _torchrun(str(worker))
+    assert done.returncode == 137, done.stderr
+    assert "worker rank 1 was killed by SIGKILL (exit 137)" in done.stderr and "Traceback" not in done.stderr
