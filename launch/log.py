@@ -50,6 +50,17 @@ class _DropKnownNoise(logging.Filter):
             f"{what} [while running" in message for what in ("KeyboardInterrupt", "No space left on device"))
 
 
+class _DropDeepSpeedNoise(logging.Filter):
+    """DeepSpeed's warnings that do not apply to a bertpipe run: on a machine without GPUs it warns that it
+    found none (our trainer's first line says CPU or GPU), and it calls every optimizer but its own
+    "untested" under ZeRO (ours, AdamW and LAMB, are tested there: tests/launch/pretrain/test_lamb_zero.py)."""
+
+    NOISE = ("Setting accelerator to CPU.", "**** You are using ZeRO with an untested optimizer")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOISE)
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     rank = global_rank()
     prefix = "" if rank == 0 else f"[rank{rank}] "
@@ -59,6 +70,11 @@ def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level if rank == 0 else max(level, logging.WARNING))
+    # DeepSpeed's logger has its own handler and does not propagate to ours; a filter on the logger itself
+    # holds for the records it logs as it is imported, if this runs first (it is made on first use by either).
+    deepspeed = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _DropDeepSpeedNoise) for f in deepspeed.filters):
+        deepspeed.addFilter(_DropDeepSpeedNoise())
     # Third-party loggers that are chatty at INFO on every rank.
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "apache_beam", "ray"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from launch.finetune.device import pick_device
-from launch.finetune.finetune_config import FeaturesConfig, Pool, layers_error
+from launch.finetune.finetune_config import FeaturesConfig, layers_error
 from model import BertModel, load_pretrained
 from pipeline.vocab import Vocab, check_embedding_rows
 

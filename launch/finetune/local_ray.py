@@ -42,6 +42,11 @@ OWNER_ENV = "BERTPIPE_RAY_OWNER"
 NO_METRICS = {"enable_metrics_collection": False, "enable_open_telemetry": False}
 MARKER = ".bertpipe-ray-temp"
 POLL_S = 0.5  # how often the watchdog looks at the driver's process tree
+AUTH_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _drop_token_auth_enabled_warning(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Token authentication is enabled for this Ray cluster.")
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -161,6 +166,10 @@ class LocalRay:
                                          start_new_session=True)
         self._saved_env = os.environ.get(OWNER_ENV)
         os.environ[OWNER_ENV] = self.token
+        # Ray turns token authentication on for a new local cluster and warns that it did, inviting
+        # RAY_AUTH_MODE=disabled: for a cluster of this process alone, on by default is right and not news.
+        # (Setting RAY_AUTH_MODE=token here instead breaks ray.init: Ray has read its mode at import.)
+        logging.getLogger(AUTH_SETUP_LOGGER).addFilter(_drop_token_auth_enabled_warning)
         try:
             ray.init(num_cpus=num_cpus, _temp_dir=str(self.temp_dir), include_dashboard=False,
                      logging_level="WARNING", _system_config=NO_METRICS)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import logging
 import os
 import pickle
@@ -81,7 +82,10 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> d
         return {k: v.float() for k, v in state["module"].items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    with safe_deepspeed_loads(ckpt_dir / tag):
+    # zero_to_fp32 prints what it does ("Processing zero checkpoint ...": five lines and a progress bar for
+    # the tiny model); the export's own line says it. Its errors are exceptions, which still come through.
+    with safe_deepspeed_loads(ckpt_dir / tag), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
         return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
 
 

@@ -184,9 +184,9 @@ class Trainer:
             self.run_dir, enabled=self.rank == 0, tensorboard=cfg.log.tensorboard,
             progress_bar=cfg.log.progress_bar, start_step=self.step, total_steps=cfg.schedule.total_steps,
         )
-        log.info("pre-training %s (%.1fM parameters) on %d process(es), ZeRO-%d, %s, global batch %d = %d x %d x %d, "
+        log.info("pre-training %s (%.1fM parameters) on %d %s process(es), ZeRO-%d, %s, global batch %d = %d x %d x %d, "
                  "%d train samples, from step %d", cfg.model.preset, num_params / 1e6,
-                 self.world, cfg.zero.stage, cfg.precision.dtype, cfg.data.global_batch_size,
+                 self.world, "GPU" if self.device.type == "cuda" else "CPU", cfg.zero.stage, cfg.precision.dtype, cfg.data.global_batch_size,
                  cfg.data.micro_batch_size, self.grad_accum, self.world, len(self.train_split), self.step)
 
     def _resume_meta(self) -> dict[str, Any] | None:

@@ -116,14 +116,14 @@ def lost_peer_message(err: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    setup_logging()  # before DeepSpeed is imported (below): what it logs at import goes through our filter
     from launch.errors import CliError
     from launch.pretrain.checkpoints import ReportedByRankZero
     from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
 
-    parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    setup_logging()
     try:
         with run_dir_lock(args.out):
             trainer = build_trainer(args)
