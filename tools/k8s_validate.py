@@ -280,7 +280,27 @@ def policy_findings(doc: Any, source: str) -> list[Finding]:
                 for j, env in enumerate(container.get("env") or []):
                     if "value" in env and any(w in env.get("name", "").upper() for w in ("TOKEN", "PASSWORD", "SECRET", "KEY")):
                         findings.append(Finding(source, name, f"{cpath}.env[{j}]", "secret-like values go in a Secret, by reference"))
-    return findings + ray_scaling_findings(doc, source)
+    return findings + ray_scaling_findings(doc, source) + pod_failure_policy_findings(doc, source, name)
+
+
+def pod_failure_policy_findings(doc: Any, source: str, name: str, path: tuple[Any, ...] = ()) -> list[Finding]:
+    """What the API server refuses in a Job (also one a JobSet or a runtime makes) with a podFailurePolicy:
+    a restart policy other than Never (JobSet defaults an unset one to OnFailure), an unknown container."""
+    findings = []
+    if isinstance(doc, dict) and "podFailurePolicy" in doc:
+        pod = ((doc.get("template") or {}).get("spec")) or {}
+        where = field_path((*path, "podFailurePolicy"))
+        if pod.get("restartPolicy") != "Never":
+            findings.append(Finding(source, name, where, "a podFailurePolicy needs restartPolicy: Never"))
+        names = {c.get("name") for c in pod.get("containers") or []}
+        for rule in (doc["podFailurePolicy"] or {}).get("rules") or []:
+            container = (rule.get("onExitCodes") or {}).get("containerName")
+            if container is not None and container not in names:
+                findings.append(Finding(source, name, where, f"names container {container!r}, not in the pod"))
+    children = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in children:
+        findings += pod_failure_policy_findings(value, source, name, (*path, key))
+    return findings
 
 
 def ray_scaling_findings(doc: Any, source: str) -> list[Finding]:

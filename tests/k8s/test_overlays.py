@@ -120,19 +120,24 @@ def test_every_launcher_starts_one_process_per_gpu_of_its_pod(rendered, find_obj
         assert int(env["PET_NPROC_PER_NODE"]) == _gpus(container), root
 
 
-def test_a_user_error_or_a_diverged_run_fails_the_jobset_at_once(rendered, find_object) -> None:
-    # Before, a typo in a flag restarted all the nodes 10 times: bare torchrun exits 1 whatever its workers
-    # did, and the JobSet restarted on any failure. The pods now exit with their failed worker's code.
+def test_a_user_error_or_a_diverged_run_fails_the_group_at_once(rendered, find_object) -> None:
+    # Before, a typo in a flag restarted all the nodes 10 times: the groups restarted on any failure, and
+    # bare torchrun exits 1 whatever its workers did. The JobSet's pods now run torchrun exiting with their
+    # failed worker's code; the TrainJob's launcher runs deepspeed over mpirun, which both pass it on.
     for root, objects in rendered.items():
         jobset = find_object(objects, "JobSet", "bertpipe-pretrain-jobset")["spec"]
-        rules = jobset["failurePolicy"]["rules"]
-        assert rules[0]["action"] == "FailJobSet" and rules[0]["onJobFailureReasons"] == ["PodFailurePolicy"], root
-        job = jobset["replicatedJobs"][0]["template"]["spec"]
-        container = job["template"]["spec"]["containers"][0]
+        runtime = find_object(objects, "TrainingRuntime", "bertpipe-deepspeed")["spec"]["template"]["spec"]
+        launcher = next(j for j in runtime["replicatedJobs"] if j["name"] == "launcher")
+        for group, job in ((jobset, jobset["replicatedJobs"][0]), (runtime, launcher)):
+            rules = group["failurePolicy"]["rules"]
+            assert rules[0]["action"] == "FailJobSet" and rules[0]["onJobFailureReasons"] == ["PodFailurePolicy"], root
+            spec = job["template"]["spec"]
+            container = spec["template"]["spec"]["containers"][0]
+            fail_job = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailJob"]
+            assert fail_job == [{"action": "FailJob", "onExitCodes": {"containerName": container["name"],
+                                                                       "operator": "In", "values": [2, 3]}}], root
+        container = jobset["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
         assert container["command"][:3] == ["python", "-m", "launch.pretrain.torchrun"], root
-        fail_job = [r for r in job["podFailurePolicy"]["rules"] if r["action"] == "FailJob"]
-        assert fail_job == [{"action": "FailJob", "onExitCodes": {"containerName": container["name"], "operator": "In",
-                                                                   "values": [2, 3]}}], root
     from launch.pretrain.fast_step import DIVERGED_EXIT
 
     assert DIVERGED_EXIT == 3  # the code the manifests name

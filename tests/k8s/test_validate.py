@@ -253,6 +253,21 @@ def test_ray_worker_bounds_without_the_autoscaler_are_caught(rendered) -> None:
     assert finding.path == "spec.rayClusterSpec.workerGroupSpecs[0]" and "has no effect" in finding.message
 
 
+def test_a_pod_failure_policy_the_api_server_would_refuse_is_caught(rendered) -> None:
+    # The TrainingRuntime's launcher left restartPolicy unset, which JobSet defaults to OnFailure: with the
+    # podFailurePolicy that makes a user error final, every TrainJob would have been refused.
+    for kind in ("TrainingRuntime", "JobSet", "Job"):
+        for doc in (o for o in rendered["k8s/base"] if o["kind"] == kind):
+            assert policy_findings(doc, "t") == [], (kind, doc["metadata"]["name"])
+    runtime = copy.deepcopy(next(o for o in rendered["k8s/base"] if o["kind"] == "TrainingRuntime"))
+    launcher = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == "launcher")
+    del launcher["template"]["spec"]["template"]["spec"]["restartPolicy"]
+    launcher["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] = "trainer"
+    findings = policy_findings(runtime, "t")
+    assert [f.path for f in findings] == ["spec.template.spec.replicatedJobs[1].template.spec.podFailurePolicy"] * 2
+    assert "needs restartPolicy: Never" in findings[0].message and "'trainer', not in the pod" in findings[1].message
+
+
 def test_missing_kubectl_says_what_to_install(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(k8s_validate.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
