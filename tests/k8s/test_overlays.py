@@ -130,6 +130,8 @@ def test_a_user_error_or_a_diverged_run_fails_the_group_at_once(rendered, find_o
         launcher = next(j for j in runtime["replicatedJobs"] if j["name"] == "launcher")
         for group, job in ((jobset, jobset["replicatedJobs"][0]), (runtime, launcher)):
             rules = group["failurePolicy"]["rules"]
+            # else a new rank 0 could meet its predecessor still holding the run's lock, and exit 2 for good
+            assert group["failurePolicy"]["restartStrategy"] == "BlockingRecreate", root
             assert rules[0]["action"] == "FailJobSet" and rules[0]["onJobFailureReasons"] == ["PodFailurePolicy"], root
             spec = job["template"]["spec"]
             container = spec["template"]["spec"]["containers"][0]
