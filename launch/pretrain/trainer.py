@@ -185,9 +185,10 @@ class Trainer:
             progress_bar=cfg.log.progress_bar, start_step=self.step, total_steps=cfg.schedule.total_steps,
         )
         log.info("pre-training %s (%.1fM parameters) on %d %s process(es), ZeRO-%d, %s, global batch %d = %d x %d x %d, "
-                 "%d train samples, from step %d", cfg.model.preset, num_params / 1e6,
-                 self.world, "GPU" if self.device.type == "cuda" else "CPU", cfg.zero.stage, cfg.precision.dtype, cfg.data.global_batch_size,
-                 cfg.data.micro_batch_size, self.grad_accum, self.world, len(self.train_split), self.step)
+                 "%d train samples, from step %d", cfg.model.preset, num_params / 1e6, self.world,
+                 "GPU" if self.device.type == "cuda" else "CPU", cfg.zero.stage, cfg.precision.dtype,
+                 cfg.data.global_batch_size, cfg.data.micro_batch_size, self.grad_accum, self.world,
+                 len(self.train_split), self.step)
 
     def _resume_meta(self) -> dict[str, Any] | None:
         # Rank 0's view for every rank: on shared storage their caches may disagree, and ranks that chose
