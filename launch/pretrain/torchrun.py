@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("launch.pretrain.torchrun")  # also when run as __main__
 
 
 def main(argv: list[str] | None = None) -> int:

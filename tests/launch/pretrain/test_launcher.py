@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -193,11 +194,24 @@ def test_a_full_disk_met_by_one_rank_is_reported_once_whichever_ranks_meet_it(tm
             leftover.unlink()
 
 
+TORCHRUN = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2"]
+
+# A rank as the trainer is on SIGTERM: it checkpoints at its next step, then exits 128 + 15.
+STOPPED_WORKER = """
+import os, signal, sys, time
+def stop(*_):
+    print(f"rank {os.environ['RANK']} checkpointed", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
 def _torchrun(*argv: str) -> subprocess.CompletedProcess[str]:
     from repo_paths import REPO
 
-    command = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2", *argv]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+    return subprocess.run([*TORCHRUN, *argv], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -213,3 +227,18 @@ def test_torchrun_as_the_manifests_run_it_exits_with_the_workers_own_code(tmp_pa
     done = _torchrun(str(worker))
     assert done.returncode == 137, done.stderr
     assert "worker rank 1 was killed by SIGKILL (exit 137)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_torchrun_stopped_as_a_pod_is_deleted_exits_143_once_its_workers_have_checkpointed(tmp_path):
+    from repo_paths import REPO
+
+    worker = tmp_path / "stopped_worker.py"
+    worker.write_text(STOPPED_WORKER)
+    proc = subprocess.Popen([*TORCHRUN, str(worker)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert [proc.stdout.readline().strip() for _ in range(2)] == ["started"] * 2  # both handlers are set
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert out.count("checkpointed") == 2, out
+    assert "launch.pretrain.torchrun: torchrun was stopped by SIGTERM" in err and "Traceback" not in err, err
