@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -120,26 +121,56 @@ def test_every_launcher_starts_one_process_per_gpu_of_its_pod(rendered, find_obj
         assert int(env["PET_NPROC_PER_NODE"]) == _gpus(container), root
 
 
+def _group_action(group: dict[str, Any], job: dict[str, Any], exit_code: int, disrupted: bool = False) -> str:
+    """What a JobSet does when a pod of `job` ends with `exit_code` (`disrupted`: it carried the DisruptionTarget
+    condition: preempted, evicted, drained). The Job controller takes the first podFailurePolicy rule that
+    matches and fails the Job with reason PodFailurePolicy and a message naming the rule (formats from
+    JobSet's KEP-262); with none, backoffLimit 0 fails it with BackoffLimitExceeded. The JobSet takes its
+    first failurePolicy rule matching that reason and message (RE2 search, as `re.search` here)."""
+    spec = job["template"]["spec"]
+    container = spec["template"]["spec"]["containers"][0]["name"]
+    reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+    for index, rule in enumerate(spec.get("podFailurePolicy", {}).get("rules", [])):
+        on_codes = rule.get("onExitCodes")
+        if disrupted and any(c["type"] == "DisruptionTarget" for c in rule.get("onPodConditions", [])):
+            message = f"Pod ns/p has condition DisruptionTarget matching {rule['action']} rule at index {index}"
+        elif on_codes and on_codes["containerName"] == container and (exit_code in on_codes["values"]) == (
+                on_codes["operator"] == "In"):
+            message = (f"Container {container} for pod ns/p failed with exit code {exit_code} matching "
+                       f"{rule['action']} rule at index {index}")
+        else:
+            continue
+        assert rule["action"] == "FailJob"
+        reason = "PodFailurePolicy"
+        break
+    for rule in group["failurePolicy"].get("rules", []):
+        if reason in rule.get("onJobFailureReasons", [reason]) and (
+                not rule.get("onJobFailureMessagePatterns")
+                or any(re.search(p, message) for p in rule["onJobFailureMessagePatterns"])):
+            return rule["action"]
+    return "RestartJobSet"
+
+
 def test_a_user_error_or_a_diverged_run_fails_the_group_at_once(rendered, find_object) -> None:
     # Before, a typo in a flag restarted all the nodes 10 times: the groups restarted on any failure, and
     # bare torchrun exits 1 whatever its workers did. The JobSet's pods now run torchrun exiting with their
     # failed worker's code; the TrainJob's launcher runs deepspeed over mpirun, which both pass it on.
+    from launch.pretrain.fast_step import DIVERGED_EXIT
+
     for root, objects in rendered.items():
         jobset = find_object(objects, "JobSet", "bertpipe-pretrain-jobset")["spec"]
         runtime = find_object(objects, "TrainingRuntime", "bertpipe-deepspeed")["spec"]["template"]["spec"]
         launcher = next(j for j in runtime["replicatedJobs"] if j["name"] == "launcher")
         for group, job in ((jobset, jobset["replicatedJobs"][0]), (runtime, launcher)):
-            rules = group["failurePolicy"]["rules"]
             # else a new rank 0 could meet its predecessor still holding the run's lock, and exit 2 for good
             assert group["failurePolicy"]["restartStrategy"] == "BlockingRecreate", root
-            assert rules[0]["action"] == "FailJobSet" and rules[0]["onJobFailureReasons"] == ["PodFailurePolicy"], root
-            spec = job["template"]["spec"]
-            container = spec["template"]["spec"]["containers"][0]
-            fail_job = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailJob"]
-            assert fail_job == [{"action": "FailJob", "onExitCodes": {"containerName": container["name"],
-                                                                       "operator": "In", "values": [2, 3]}}], root
+            for code in (2, DIVERGED_EXIT):
+                assert _group_action(group, job, code) == "FailJobSet", (root, code)
+            for code in (1, 137, 143):  # a fault, the OOM killer, a stop: --resume continues
+                assert _group_action(group, job, code) == "RestartJobSet", (root, code)
+        # A preempted pod (which checkpointed on SIGTERM) restarts the JobSet without using up its restarts.
+        for code in (143, 2):
+            assert _group_action(jobset, jobset["replicatedJobs"][0], code, disrupted=True) == \
+                "RestartJobSetAndIgnoreMaxRestarts", (root, code)
         container = jobset["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
         assert container["command"][:3] == ["python", "-m", "launch.pretrain.torchrun"], root
-    from launch.pretrain.fast_step import DIVERGED_EXIT
-
-    assert DIVERGED_EXIT == 3  # the code the manifests name
