@@ -245,6 +245,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
                             raise ValueError(f"{out} holds files that are not an export of {path} (no readable "
                                              f"{EXPORT_MARKER}); move it aside and rerun")
                         export_run(path, out, tag=tag, verified=True)
+                        logger.info("exported %s (%s) to %s", path, tag, out)
             except OSError as err:  # a read-only run directory, or RUN/export a file
                 raise ValueError(f"cannot write the export of {path} to {out} "
                                  f"({err.strerror or err}); run `bertpipe export {path} --out DIR` with a "
@@ -338,7 +339,6 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
         _place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("exported %s (%s) to %s", run_dir, tag, out)
     return out
 
 
