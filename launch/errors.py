@@ -12,6 +12,25 @@ class CliError(Exception):
     """
 
 
+# The packages whose `raise ValueError(...)` is a message to the user (what to change).
+OUR_PACKAGES = ("launch", "pipeline", "model")
+
+
+def raised_by_bertpipe(err: BaseException) -> bool:
+    """Whether `err` was raised in bertpipe's own code (its innermost Python frame is in one of OUR_PACKAGES;
+    a builtin called from there, `int("x")` on a flag, counts as ours). bertpipe raises ValueError for
+    input the user must change; one raised inside a library (a closed file, a decoder's internals) is a bug
+    or an unforeseen input, whose traceback is needed and which is no user error."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ours = tuple(os.path.join(root, package) + os.sep for package in OUR_PACKAGES)
+    tb, last = err.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and os.path.abspath(last.tb_frame.f_code.co_filename).startswith(ours)
+
+
 def exception_chain(err: BaseException, limit: int = 8) -> list[BaseException]:
     """`err`, then what it was raised from (or while handling), and so on: at most `limit` of them."""
     chain: list[BaseException] = []

@@ -94,6 +94,8 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
+ASK_STORE_S = 10.0  # how long a failing rank waits for the group's store before it reports anyway
+
 # How gloo says that the other end of a collective is gone (NCCL's watchdog raises a DistError).
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     setup_logging()  # before DeepSpeed is imported (below): what it logs at import goes through our filter
-    from launch.errors import CliError
+    from launch.errors import CliError, raised_by_bertpipe
     from launch.pretrain.checkpoints import ReportedByRankZero
     from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
 
@@ -135,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         leave_process_group()
         return 2
     except (ValueError, CliError) as err:  # a user error: the message says what to change
+        if not (isinstance(err, CliError) or raised_by_bertpipe(err)):
+            raise  # a library's own ValueError: a fault (exit 1, retried under Kubernetes), with its traceback
         log.error("%s", err)
         return 2
     except NonFiniteLossError as err:
@@ -150,18 +154,27 @@ def first_to_report(what: str) -> bool:
     """True for the first rank of the group to report `what`, so that a fault every rank meets is said
     once, and one that a single rank meets (any rank) is still said. The ranks count in the group's
     key-value store, which answers after a failed collective; without one to ask, every rank reports."""
-    import datetime
+    import threading
 
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return True
-    try:
-        store = dist.distributed_c10d._get_default_store()  # the store the group was made with
-        store.set_timeout(datetime.timedelta(seconds=10))  # its host (the agent, or rank 0) may be gone
-        return store.add(f"bertpipe/reported/{what}", 1) == 1
-    except Exception:  # noqa: BLE001 - a second line is better than none
-        return True
+    answer: list[int] = []
+
+    def ask() -> None:
+        try:
+            store = dist.distributed_c10d._get_default_store()  # the store the group was made with
+            answer.append(store.add(f"bertpipe/reported/{what}", 1))
+        except Exception:  # noqa: BLE001 - its host (the agent, or rank 0) is gone: no answer
+            pass
+
+    # A store whose host stopped answering without closing the connection blocks `add` past any
+    # set_timeout; this rank is on its way out and must not hang there.
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(ASK_STORE_S)
+    return not answer or answer[0] == 1  # no answer: a second line is better than none
 
 
 def report_fault(err: BaseException, out: Path) -> bool:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from launch.pretrain.launcher import launch_local
 
 ENV_WORKER = """
@@ -242,3 +244,37 @@ def test_torchrun_stopped_as_a_pod_is_deleted_exits_143_once_its_workers_have_ch
     assert proc.returncode == 143, err
     assert out.count("checkpointed") == 2, out
     assert "launch.pretrain.torchrun: torchrun was stopped by SIGTERM" in err and "Traceback" not in err, err
+
+
+def test_only_a_value_error_bertpipe_raised_is_a_user_error(monkeypatch, tmp_path, caplog):
+    # Exit 2 is final under Kubernetes (the JobSet and TrainJob fail at once): a library's own ValueError
+    # (a closed file, a decoder's internals) is a fault with a traceback, exit 1, retried.
+    import json
+
+    from launch.errors import raised_by_bertpipe
+    from launch.finetune.feature_extraction import parse_layers
+    from launch.pretrain import worker
+
+    def raising(fn):
+        try:
+            fn()
+        except ValueError as err:
+            return err
+        raise AssertionError("no ValueError")
+
+    ours, theirs = raising(lambda: parse_layers("bogus", 12)), raising(lambda: json.loads("{"))
+    assert raised_by_bertpipe(ours) and not raised_by_bertpipe(theirs)
+    monkeypatch.setattr(worker, "setup_logging", lambda *a, **k: None)
+    argv = ["--config", "tiny", "--data", str(tmp_path), "--out", str(tmp_path / "run")]
+    for err, expected in ((ours, 2), (theirs, None)):
+        def build(_args, err=err):
+            raise err
+
+        monkeypatch.setattr(worker, "build_trainer", build)
+        if expected is None:
+            with pytest.raises(json.JSONDecodeError):
+                worker.main(argv)
+        else:
+            with caplog.at_level("ERROR", logger="launch.pretrain.worker"):
+                assert worker.main(argv) == expected
+            assert "--layers 'bogus' is not one of" in caplog.text
