@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 from jsonschema import Draft202012Validator
@@ -219,16 +219,22 @@ def validate_document(doc: Any, store: SchemaStore, source: str) -> list[Finding
     return findings
 
 
-def pod_specs(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """Every PodSpec nested anywhere in an object (a mapping with a `containers` list)."""
+def nested_mappings(node: Any, is_wanted: Callable[[dict[str, Any]], bool],
+                    path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """(path, mapping) for every mapping nested anywhere in `node` (itself included) that `is_wanted`."""
     if isinstance(node, dict):
-        if isinstance(node.get("containers"), list):
+        if is_wanted(node):
             yield path, node
         for key, value in node.items():
-            yield from pod_specs(value, (*path, key))
+            yield from nested_mappings(value, is_wanted, (*path, key))
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            yield from pod_specs(value, (*path, i))
+            yield from nested_mappings(value, is_wanted, (*path, i))
+
+
+def pod_specs(node: Any) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Every PodSpec nested anywhere in an object (a mapping with a `containers` list)."""
+    return nested_mappings(node, lambda m: isinstance(m.get("containers"), list))
 
 
 def policy_findings(doc: Any, source: str) -> list[Finding]:
@@ -283,23 +289,20 @@ def policy_findings(doc: Any, source: str) -> list[Finding]:
     return findings + ray_scaling_findings(doc, source) + pod_failure_policy_findings(doc, source, name)
 
 
-def pod_failure_policy_findings(doc: Any, source: str, name: str, path: tuple[Any, ...] = ()) -> list[Finding]:
+def pod_failure_policy_findings(doc: Any, source: str, name: str) -> list[Finding]:
     """What the API server refuses in a Job (also one a JobSet or a runtime makes) with a podFailurePolicy:
     a restart policy other than Never (JobSet defaults an unset one to OnFailure), an unknown container."""
     findings = []
-    if isinstance(doc, dict) and "podFailurePolicy" in doc:
-        pod = ((doc.get("template") or {}).get("spec")) or {}
+    for path, job in nested_mappings(doc, lambda m: "podFailurePolicy" in m):
+        pod = ((job.get("template") or {}).get("spec")) or {}
         where = field_path((*path, "podFailurePolicy"))
         if pod.get("restartPolicy") != "Never":
             findings.append(Finding(source, name, where, "a podFailurePolicy needs restartPolicy: Never"))
         names = {c.get("name") for c in pod.get("containers") or []}
-        for rule in (doc["podFailurePolicy"] or {}).get("rules") or []:
+        for rule in (job["podFailurePolicy"] or {}).get("rules") or []:
             container = (rule.get("onExitCodes") or {}).get("containerName")
             if container is not None and container not in names:
                 findings.append(Finding(source, name, where, f"names container {container!r}, not in the pod"))
-    children = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
-    for key, value in children:
-        findings += pod_failure_policy_findings(value, source, name, (*path, key))
     return findings
 
 
