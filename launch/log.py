@@ -61,6 +61,9 @@ class _DropDeepSpeedNoise(logging.Filter):
         return not str(record.msg).startswith(self.NOISE)
 
 
+_DEEPSPEED_NOISE = _DropDeepSpeedNoise()
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     rank = global_rank()
     prefix = "" if rank == 0 else f"[rank{rank}] "
@@ -72,9 +75,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     root.setLevel(level if rank == 0 else max(level, logging.WARNING))
     # DeepSpeed's logger has its own handler and does not propagate to ours; a filter on the logger itself
     # holds for the records it logs as it is imported, if this runs first (it is made on first use by either).
-    deepspeed = logging.getLogger("DeepSpeed")
-    if not any(isinstance(f, _DropDeepSpeedNoise) for f in deepspeed.filters):
-        deepspeed.addFilter(_DropDeepSpeedNoise())
+    logging.getLogger("DeepSpeed").addFilter(_DEEPSPEED_NOISE)  # one instance: a second setup adds nothing
     # Third-party loggers that are chatty at INFO on every rank.
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "apache_beam", "ray"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
