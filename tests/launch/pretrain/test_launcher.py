@@ -199,13 +199,15 @@ def test_a_full_disk_met_by_one_rank_is_reported_once_whichever_ranks_meet_it(tm
 TORCHRUN = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2"]
 
 # A rank as the trainer is on SIGTERM: it checkpoints at its next step, then exits 128 + 15.
+# Each line is one os.write (atomic on a pipe): print() writes text and newline apart, and the two
+# workers' "started" lines interleaved into "startedstarted".
 STOPPED_WORKER = """
 import os, signal, sys, time
 def stop(*_):
-    print(f"rank {os.environ['RANK']} checkpointed", flush=True)
+    os.write(1, f"rank {os.environ['RANK']} checkpointed\\n".encode())
     sys.exit(143)
 signal.signal(signal.SIGTERM, stop)
-print("started", flush=True)
+os.write(1, b"started\\n")
 time.sleep(600)
 """
 
