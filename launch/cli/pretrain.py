@@ -31,7 +31,8 @@ from pathlib import Path
 
 from launch.errors import CliError
 from launch.log import launcher_world_size, setup_logging
-from launch.pretrain.worker import add_arguments as add_worker_arguments, leave_process_group, load_run_config, run_dir_lock
+from launch.pretrain.worker import (add_arguments as add_worker_arguments, leave_if_alone, leave_process_group,
+                                    load_run_config, run_dir_lock)
 from pipeline.output_lock import OutputLocked
 
 USAGE = "bertpipe pretrain --data CORPUS --out RUN [--config PRESET|FILE.yaml] [--nproc N] [--resume] [--KEY VALUE ...]"
@@ -106,6 +107,8 @@ def _train_here(cfg, args: argparse.Namespace) -> int:
     except NonFiniteLossError as err:  # as a launched worker exits (launch/pretrain/worker.py)
         print(f"bertpipe pretrain: error: {err}", file=sys.stderr)
         return DIVERGED_EXIT
+    finally:
+        leave_if_alone()
 
 
 def _launch_workers(cfg, args: argparse.Namespace, nproc: int) -> int:

@@ -94,6 +94,16 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
+def leave_if_alone() -> None:
+    """Leave a group of this process alone, whatever ended the run (its own error too: no other rank can be
+    inside a collective with it). A lone run that exited with its gloo group open was seen to abort after
+    its one-line error ("terminate called without an active exception", exit -6 instead of 2)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() == 1:
+        dist.destroy_process_group()
+
+
 ASK_STORE_S = 10.0  # how long a failing rank waits for the group's store before it reports anyway
 
 # How gloo says that the other end of a collective is gone (NCCL's watchdog raises a DistError).
@@ -148,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         if report_fault(err, args.out):
             return 1
         raise
+    finally:
+        leave_if_alone()
 
 
 def first_to_report(what: str) -> bool:

@@ -78,14 +78,19 @@ def test_one_failing_worker_stops_the_others_and_its_code_is_returned(tmp_path):
     assert time.monotonic() - start < 60  # not the survivor's 600 s
 
 
-def test_a_finished_lone_run_leaves_its_process_group(small_corpus, tmp_path, monkeypatch):
+def test_a_finished_lone_run_leaves_its_process_group(small_corpus, tmp_path, monkeypatch, capsys):
     # On CUDA an exit with the NCCL group still open warns that it "can leak resources" (seen at the end
     # of every run on an H200, 2026-11-26); the group of one the CLI makes must be gone once it returns.
     import torch.distributed as dist
 
+    import logging
+
     from launch import cli
     from launch.pretrain.launcher import free_port
 
+    # cli.main sets up logging on this test's captured stderr, which is closed afterwards: later tests in
+    # this process must not log to it.
+    monkeypatch.setattr(logging.getLogger(), "handlers", list(logging.getLogger().handlers))
     for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                            MASTER_PORT=str(free_port())).items():
         monkeypatch.setenv(key, value)  # restored afterwards: the trainer would set them in this process
@@ -97,6 +102,14 @@ def test_a_finished_lone_run_leaves_its_process_group(small_corpus, tmp_path, mo
     assert (tmp_path / "run" / "checkpoints").is_dir()
     assert not dist.is_initialized()
     assert not (tmp_path / "extensions").exists()
+    # Nor when its own error ends it, after the group was made: a lone run exiting with its gloo group open
+    # was seen to abort after its one-line error (exit -6, "terminate called without an active exception").
+    resume = [*argv[:-6], "--resume", "--zero.stage", "2"]
+    with pytest.raises(SystemExit) as refused:
+        cli.main(resume)
+    assert refused.value.code == 2
+    assert "zero.stage differs from the checkpoint's" in capsys.readouterr().err
+    assert not dist.is_initialized()
 
 
 def test_a_worker_killed_from_outside_is_named_in_one_line_and_its_code_returned(tmp_path, caplog):
