@@ -31,8 +31,8 @@ from pathlib import Path
 
 from launch.errors import CliError
 from launch.log import launcher_world_size, setup_logging
-from launch.pretrain.worker import (add_arguments as add_worker_arguments, leave_if_alone, leave_process_group,
-                                    load_run_config, run_dir_lock)
+from launch.pretrain.worker import (add_arguments as add_worker_arguments, exit_if_in_group, leave_if_alone,
+                                    leave_process_group, load_run_config, run_dir_lock)
 from pipeline.output_lock import OutputLocked
 
 USAGE = "bertpipe pretrain --data CORPUS --out RUN [--config PRESET|FILE.yaml] [--nproc N] [--resume] [--KEY VALUE ...]"
@@ -78,18 +78,23 @@ def run(args: argparse.Namespace) -> int:
         # One writer per run dir: this process (or rank 0 under a launcher) holds RUN/.bertpipe.lock;
         # the workers it starts inherit it.
         with run_dir_lock(args.out):
-            if nproc == 1 or under_launcher:
-                return _train_here(cfg, args)
-            return _launch_workers(cfg, args, nproc)
+            if not (nproc == 1 or under_launcher):
+                return _launch_workers(cfg, args, nproc)
+            code = _train_here(cfg, args)
     except OutputLocked as err:
         raise CliError(str(err)) from None
+    except CliError as err:  # this rank's own, its peers still in the group: see exit_if_in_group
+        exit_if_in_group(2, f"bertpipe pretrain: error: {err}")
+        raise
     finally:
         # Preflight verified the shards for this launch only; a later command in this process re-checks.
         os.environ.pop(SHARDS_VERIFIED_ENV, None)
+    exit_if_in_group(code)  # diverged, under a launcher
+    return code
 
 
 def _train_here(cfg, args: argparse.Namespace) -> int:
-    from launch.pretrain.checkpoints import ReportedByRankZero
+    from launch.pretrain.checkpoints import ReportedByRankZero, StoppedTogether
     from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
     from launch.pretrain.trainer import Trainer
 
@@ -103,6 +108,8 @@ def _train_here(cfg, args: argparse.Namespace) -> int:
         leave_process_group()
         return 2
     except ValueError as err:
+        if isinstance(err, StoppedTogether):  # every rank stops with it
+            leave_process_group()
         raise CliError(str(err)) from None
     except NonFiniteLossError as err:  # as a launched worker exits (launch/pretrain/worker.py)
         print(f"bertpipe pretrain: error: {err}", file=sys.stderr)

@@ -44,7 +44,12 @@ from pipeline.manifest import sha256_file
 log = logging.getLogger(__name__)
 
 
-class ReportedByRankZero(ValueError):
+class StoppedTogether(ValueError):
+    """A user error that every rank of the group stops with (`on_rank0`'s): none of them is left inside a
+    collective, so each can leave the group before it exits. Rank 0 reports it."""
+
+
+class ReportedByRankZero(StoppedTogether):
     """The same user error as rank 0's, which reports it: other ranks exit with it quietly."""
 
 
@@ -59,7 +64,7 @@ def on_rank0(fn: Callable[[], Any]) -> Any:
             box[1] = str(err)
     dist.broadcast_object_list(box, src=0)
     if box[1] is not None:
-        raise (ValueError if dist.get_rank() == 0 else ReportedByRankZero)(box[1])
+        raise (StoppedTogether if dist.get_rank() == 0 else ReportedByRankZero)(box[1])
     return box[0]
 
 

@@ -39,13 +39,23 @@ KILLED_BY = {
 }
 
 
+# A rank's exit code when a collective failed because another rank stopped: never the cause while the
+# rank that stopped is among the failures (its code is the run's), only when that one ran elsewhere.
+PEER_STOPPED_EXIT = 4
+
+
 def cause(failures: Sequence[tuple[int, int]]) -> tuple[int, int]:
     """The (rank, exit code) that ended the run, from the failed workers' in the order the elastic agent
     saw them fail (negative code: killed by that signal). The agent records the workers that failed on
     their own first and those it then stopped after them (SIGTERM, or SIGKILL after the grace), so the
     first is the cause; a SIGTERM is never one, unless every worker got it (then the launcher's own stop,
-    or one before the workers' handlers were set)."""
-    return next((f for f in failures if f[1] != -signal.SIGTERM), failures[0])
+    or one before the workers' handlers were set). Workers that failed by the same poll are in rank order:
+    a rank that lost its peer (PEER_STOPPED_EXIT) may come before the one that was killed."""
+    for skip in ((-signal.SIGTERM, PEER_STOPPED_EXIT), (-signal.SIGTERM,)):
+        found = next((f for f in failures if f[1] not in skip), None)
+        if found is not None:
+            return found
+    return failures[0]
 
 
 def exit_code(code: int) -> int:

@@ -203,8 +203,22 @@ class Trainer:
         if not has_run:
             log.info("--resume: no checkpoint in %s yet; starting from step 0", self.ckpt_dir)
             return None
-        # The newest checkpoint whose files match their recorded sha256s and hold tensors only.
-        tag = on_rank0(lambda: select_checkpoint(self.ckpt_dir))
+        # The newest checkpoint whose files match their recorded sha256s and hold tensors only, checked
+        # against this run's settings on rank 0: one message, and every rank stops with it.
+        meta = on_rank0(self._checked_checkpoint)
+        tag = meta["tag"]
+        if meta["world_size"] != self.world:
+            log.info("checkpoint %s was written by %d process(es); continuing on %d at the same global sample position",
+                     tag, meta["world_size"], self.world)
+            if self.cfg.zero.stage > 0 or meta.get("zero_stage", 0) > 0:
+                # ZeRO partitions depend on the world size: go through DeepSpeed's universal format.
+                meta["tag"] = on_rank0(lambda: convert_to_universal(self.ckpt_dir, tag))
+        return meta
+
+    def _checked_checkpoint(self) -> dict[str, Any]:
+        """The checkpoint to resume from and its meta (its tag included), or a ValueError that says why
+        this run cannot continue from it with these settings and this corpus."""
+        tag = select_checkpoint(self.ckpt_dir)
         meta = read_meta(self.ckpt_dir, tag)
         mine = to_dict(self.cfg)
         for key in _RESUME_INVARIANTS:
@@ -229,12 +243,6 @@ class Trainer:
                              f"({meta.get('corpus', {}).get('path', '?')}: its shards, vocabulary or masking settings "
                              f"differ); pass that corpus, or a byte-identical rebuild of it")
         meta["tag"] = tag
-        if meta["world_size"] != self.world:
-            log.info("checkpoint %s was written by %d process(es); continuing on %d at the same global sample position",
-                     tag, meta["world_size"], self.world)
-            if self.cfg.zero.stage > 0 or meta.get("zero_stage", 0) > 0:
-                # ZeRO partitions depend on the world size: go through DeepSpeed's universal format.
-                meta["tag"] = on_rank0(lambda: convert_to_universal(self.ckpt_dir, tag))
         return meta
 
     def _load(self, meta: dict[str, Any]) -> None:

@@ -104,6 +104,27 @@ def leave_if_alone() -> None:
         dist.destroy_process_group()
 
 
+def exit_if_in_group(code: int, message: str | None = None) -> None:
+    """End the process with `code` (after `message`, to stderr) at once if it still belongs to a group with
+    peers, or return. A rank stopped by its own error cannot leave its group (the others may be inside a
+    collective), and the interpreter's shutdown with gloo's threads alive can abort it (SIGABRT, "terminate
+    called without an active exception": exit 134 in place of `code`; seen in CI; pytorch PR 179291). Its
+    output is flushed first; nothing else is lost (a checkpoint is complete on disk or not yet referenced)."""
+    if "torch.distributed" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    if message is not None:
+        print(message, file=sys.stderr)
+    logging.shutdown()  # flushes the log handlers
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing more to say
+            stream.flush()
+    os._exit(code)
+
+
 ASK_STORE_S = 10.0  # how long a failing rank waits for the group's store before it reports anyway
 
 # How gloo says that the other end of a collective is gone (NCCL's watchdog raises a DistError).
@@ -133,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()  # before DeepSpeed is imported (below): what it logs at import goes through our filter
     from launch.errors import CliError, raised_by_bertpipe
-    from launch.pretrain.checkpoints import ReportedByRankZero
+    from launch.pretrain.checkpoints import ReportedByRankZero, StoppedTogether
     from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
 
     try:
@@ -150,14 +171,17 @@ def main(argv: list[str] | None = None) -> int:
         if not (isinstance(err, CliError) or raised_by_bertpipe(err)):
             raise  # a library's own ValueError: a fault (exit 1, retried under Kubernetes), with its traceback
         log.error("%s", err)
+        if isinstance(err, StoppedTogether):  # every rank stops with it
+            leave_process_group()
         return 2
     except NonFiniteLossError as err:
         log.error("%s", err)
         return DIVERGED_EXIT
     except Exception as err:  # noqa: BLE001 - a full disk or a lost peer becomes one line; anything else re-raises
-        if report_fault(err, args.out):
-            return 1
-        raise
+        code = report_fault(err, args.out)
+        if code is None:
+            raise
+        return code
     finally:
         leave_if_alone()
 
@@ -189,21 +213,22 @@ def first_to_report(what: str) -> bool:
     return not answer or answer[0] == 1  # no answer: a second line is better than none
 
 
-def report_fault(err: BaseException, out: Path) -> bool:
-    """Log a full disk or a lost peer in one line and return True, or return False for anything else."""
+def report_fault(err: BaseException, out: Path) -> int | None:
+    """Log a lost peer or a full disk in one line and return the exit code, or None for anything else."""
     from launch.errors import disk_full_message
+    from launch.pretrain.launcher import PEER_STOPPED_EXIT
 
     lost = lost_peer_message(err)
     if lost is not None:
         log.error("%s", lost)
-        return True
+        return PEER_STOPPED_EXIT
     message = disk_full_message(err, out)
     if message is None:
-        return False
+        return None
     # Any rank may be the one whose file did not fit (each writes its own optimizer shard), or all may.
     if first_to_report("disk-full"):
         log.error("%s (add --resume: the last complete checkpoint is kept)", message)
-    return True
+    return 1
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ def test_a_user_error_or_a_diverged_run_fails_the_group_at_once(rendered, find_o
             assert group["failurePolicy"]["restartStrategy"] == "BlockingRecreate", root
             for code in (2, DIVERGED_EXIT):
                 assert _group_action(group, job, code) == "FailJobSet", (root, code)
-            for code in (1, 137, 143):  # a fault, the OOM killer, a stop: --resume continues
+            for code in (1, 4, 137, 143):  # a fault, a lost peer, the OOM killer, a stop: --resume continues
                 assert _group_action(group, job, code) == "RestartJobSet", (root, code)
         # A preempted pod (which checkpointed on SIGTERM) restarts the group, counted: the kubelet marks its
         # own evictions under node pressure the same way, and those must not repeat without end.

@@ -56,7 +56,8 @@ try:
         (disk / f"optim_rank{rank}.pt").write_bytes(bytes(4 << 20))
     dist.barrier()
 except Exception as err:
-    sys.exit(1 if report_fault(err, disk) else 3)  # the run directory, on the full disk
+    code = report_fault(err, disk)  # the run directory, on the full disk
+    sys.exit(5 if code is None else code)
 """
 
 
@@ -88,8 +89,7 @@ def test_a_finished_lone_run_leaves_its_process_group(small_corpus, tmp_path, mo
     from launch import cli
     from launch.pretrain.launcher import free_port
 
-    # cli.main sets up logging on this test's captured stderr, which is closed afterwards: later tests in
-    # this process must not log to it.
+    # cli.main replaces the root logger's handlers: later tests in this process get theirs back.
     monkeypatch.setattr(logging.getLogger(), "handlers", list(logging.getLogger().handlers))
     for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                            MASTER_PORT=str(free_port())).items():
@@ -128,6 +128,9 @@ def test_the_cause_is_the_first_failure_seen_and_a_signal_exits_as_the_shell_say
     # (rank, code) in the order the agent saw them fail; the ones it stopped come after the cause
     assert cause([(1, 3), (0, -15)]) == (1, 3) and cause([(0, -15), (1, 3)]) == (1, 3)  # seen together
     assert cause([(1, -9), (0, 1)]) == (1, -9)  # killed, then its peer failed: the kill is the cause
+    # Seen by the same poll, in rank order: the rank that lost its peer (4) is not the cause...
+    assert cause([(0, 4), (1, -9)]) == (1, -9) and cause([(0, 4), (1, 1), (2, -15)]) == (1, 1)
+    assert cause([(0, 4), (1, -15)]) == (0, 4)  # ...unless the rank that stopped ran under another launcher
     assert cause([(0, -15), (1, -15)]) == (0, -15)  # SIGTERM before the workers' handlers were set
     assert exit_code(-15) == 143 and exit_code(-9) == 137 and exit_code(3) == 3 and exit_code(0) == 1
 
@@ -208,6 +211,28 @@ def test_a_full_disk_met_by_one_rank_is_reported_once_whichever_ranks_meet_it(tm
         for leftover in disk.iterdir():
             leftover.unlink()
 
+
+# Rank 1 stops on an error of its own while rank 0 waits for it in a collective, so it cannot leave the
+# group (see exit_if_in_group); 5 would mean that exit_if_in_group returned.
+OWN_ERROR_WORKER = """
+import os, sys
+import torch.distributed as dist
+from launch.pretrain.worker import exit_if_in_group
+dist.init_process_group("gloo")
+if os.environ["RANK"] == "1":
+    exit_if_in_group(2, "rank 1: error: its own")
+    sys.exit(5)
+dist.barrier()
+"""
+
+
+def test_a_rank_stopped_by_its_own_error_exits_with_its_code_and_message_while_its_peers_wait(tmp_path, capfd):
+    # It exits before the interpreter's shutdown, which with gloo's threads alive aborted it: exit 134 in
+    # place of 2 (a CI run's resume refusal); the abort is intermittent, the exit path is checked here.
+    worker = tmp_path / "own_error_worker.py"
+    worker.write_text(OWN_ERROR_WORKER)
+    assert launch_local(2, [], program=[str(worker)]) == 2
+    assert "rank 1: error: its own" in capfd.readouterr().err
 
 TORCHRUN = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2"]
 
