@@ -64,10 +64,24 @@ class _DropDeepSpeedNoise(logging.Filter):
 _DEEPSPEED_NOISE = _DropDeepSpeedNoise()
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is at each record, not as it was at setup: a caller in the same process
+    may swap it (pytest's capture does, then closes the one it swapped out, which a handler holding it
+    would write into: "I/O operation on closed file")."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # StreamHandler.__init__ sets it
+        pass
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     rank = global_rank()
     prefix = "" if rank == 0 else f"[rank{rank}] "
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     handler.addFilter(_DropKnownNoise())
     root = logging.getLogger()
