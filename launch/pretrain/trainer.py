@@ -55,6 +55,9 @@ def init_distributed() -> None:
 
     # torch 2.13 warns on every collective DeepSpeed makes with the older names; once is plenty.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    # DeepSpeed's barriers name no device, and NCCL's warns that it uses the current one: the trainer's
+    # own (LOCAL_RANK's), set as soon as the group is joined.
+    warnings.filterwarnings("ignore", message=r"barrier\(\): using the device under current context")
     # Under mpirun (Kubeflow TrainJob/MPIJob, `deepspeed --launcher openmpi`) RANK is unset at start-up:
     # DeepSpeed discovers the ranks from MPI itself, so only a truly lone process gets a group of one.
     if "RANK" not in os.environ and launcher_world_size() is None:
