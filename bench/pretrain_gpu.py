@@ -128,6 +128,8 @@ class Transformers:
 
         tr = ours.trainer
         model = transformers.BertForPreTraining.from_pretrained(str(init_dir), attn_implementation="sdpa")
+        if tr.cfg.model.activation_checkpointing:  # ours recomputes each layer's forward: so does the peer
+            model.gradient_checkpointing_enable()
         o, params = tr.cfg.optim, [p for p in model.parameters() if p.requires_grad]
         optimizer = build_optimizer(model, o.name, o.lr, (o.beta1, o.beta2), o.eps, o.weight_decay)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=tr.ds_config,
@@ -242,6 +244,8 @@ def bench_phase(args, seq_len: int, device: torch.device, tmp: Path) -> list[dic
                  f"model.compile={'true' if args.compile else 'false'}", f"model.preset={args.preset}"]
     if args.zero is not None:
         overrides.append(f"zero.stage={args.zero}")
+    if args.activation_checkpointing is not None:
+        overrides.append(f"model.activation_checkpointing={str(args.activation_checkpointing).lower()}")
     if args.compile_mode:
         overrides.append(f"model.compile_mode={args.compile_mode}")
     cfg = load_config(PretrainConfig, phase, overrides)
@@ -359,6 +363,9 @@ def main(argv=None) -> int:
     parser.add_argument("--varlen-dropout", action=argparse.BooleanOptionalAction,
                         help="ours: varlen flash attention with attention dropout (model.fields.varlen_dropout; "
                              "default: the phase preset's)")
+    parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction,
+                        help="both models recompute each layer's forward in the backward (default: the phase "
+                             "preset's)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="ours with the fused blocks (model.compile); off as in the trainer: on an H200 they "
                              "gained nothing measurable (docs/PERFORMANCE.md)")
@@ -401,7 +408,8 @@ def main(argv=None) -> int:
     transformers.utils.logging.disable_progress_bar()
     print(f"device {name}; torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers "
           f"{transformers.__version__}; {args.dtype}, optimizer {args.optim}, preset {args.preset}, attention dropout "
-          f"{args.attention_dropout}, varlen_dropout {_preset_or(args.varlen_dropout)}, compile {args.compile} "
+          f"{args.attention_dropout}, varlen_dropout {_preset_or(args.varlen_dropout)}, activation checkpointing "
+          f"{_preset_or(args.activation_checkpointing)}, compile {args.compile} "
           f"({args.compile_mode or 'default'}); spec peak {peak:.0f} TFLOP/s, measured matmul {mm:.1f} TFLOP/s")
     print(f"{'seq':>4} {'micro':>5} {'acc':>4} {'model':<13} {'seq/s':>8} {'spread':>6} {'tok/s':>9} {'TFLOP/s':>8} "
           f"{'MFU spec':>8} {'MFU mm':>7} {'peak GiB':>8} {'pad':>5} {'vs HF':>6}")
