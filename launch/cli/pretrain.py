@@ -27,12 +27,14 @@ import argparse
 import os
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 from launch.errors import CliError
 from launch.log import launcher_world_size, setup_logging
-from launch.pretrain.worker import (add_arguments as add_worker_arguments, exit_if_in_group, leave_if_alone,
-                                    leave_process_group, load_run_config, run_dir_lock)
+from launch.pretrain.worker import (add_arguments as add_worker_arguments, exit_if_in_group, in_group_with_peers,
+                                    leave_if_alone, leave_process_group, load_run_config, report_fault,
+                                    run_dir_lock)
 from pipeline.output_lock import OutputLocked
 
 USAGE = "bertpipe pretrain --data CORPUS --out RUN [--config PRESET|FILE.yaml] [--nproc N] [--resume] [--KEY VALUE ...]"
@@ -85,6 +87,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     except CliError as err:  # this rank's own, its peers still in the group: see exit_if_in_group
         exit_if_in_group(2, f"bertpipe pretrain: error: {err}")
+        raise
+    except Exception as err:  # noqa: BLE001 - under a launcher, as a `launch.pretrain` worker ends; alone, cli.main
+        if in_group_with_peers():
+            code = report_fault(err, args.out)  # a lost peer or a full disk in one line
+            if code is None:
+                traceback.print_exc()
+                code = 1
+            exit_if_in_group(code)
         raise
     finally:
         # Preflight verified the shards for this launch only; a later command in this process re-checks.

@@ -104,17 +104,21 @@ def leave_if_alone() -> None:
         dist.destroy_process_group()
 
 
+def in_group_with_peers() -> bool:
+    if "torch.distributed" not in sys.modules:  # never imported: no group
+        return False
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
 def exit_if_in_group(code: int, message: str | None = None) -> None:
     """End the process with `code` (after `message`, to stderr) at once if it still belongs to a group with
     peers, or return. A rank stopped by its own error cannot leave its group (the others may be inside a
     collective), and the interpreter's shutdown with gloo's threads alive can abort it (SIGABRT, "terminate
     called without an active exception": exit 134 in place of `code`; seen in CI; pytorch PR 179291). Its
     output is flushed first; nothing else is lost (a checkpoint is complete on disk or not yet referenced)."""
-    if "torch.distributed" not in sys.modules:
-        return
-    import torch.distributed as dist
-
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not in_group_with_peers():
         return
     if message is not None:
         print(message, file=sys.stderr)
