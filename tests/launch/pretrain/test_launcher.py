@@ -32,7 +32,7 @@ import os, signal, sys, time
 if os.environ["RANK"] == "1":
     time.sleep(1)
     os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
-# The survivor errors out as it is stopped, as a rank does whose collective lost its peer: not the cause.
+# The survivor errors out as it is stopped (a rank whose collective lost its peer exits 4): not the cause.
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 time.sleep(600)
 """
@@ -222,8 +222,36 @@ dist.init_process_group("gloo")
 if os.environ["RANK"] == "1":
     exit_if_in_group(2, "rank 1: error: its own")
     sys.exit(5)
-dist.barrier()
+try:
+    dist.barrier()
+except Exception:
+    os._exit(4)  # as the worker does when its collective lost its peer
 """
+
+
+# Rank 0 meets a fault (not a user error) in a step it takes for every rank; rank 1 waits for its answer.
+ON_RANK0_FAULT_WORKER = """
+import os
+import torch.distributed as dist
+from launch.pretrain.checkpoints import RankZeroFailed, on_rank0
+dist.init_process_group("gloo")
+try:
+    on_rank0(lambda: {}["config"])
+except RankZeroFailed as err:
+    print(err, flush=True)
+    os._exit(4)
+except KeyError:
+    os._exit(1)
+os._exit(5)
+"""
+
+
+def test_a_fault_on_rank_zero_in_a_step_for_every_rank_stops_the_others_with_it(tmp_path, capfd):
+    # They waited for rank 0 in their next collective: under NCCL, for the collective timeout (60 min).
+    worker = tmp_path / "on_rank0_fault_worker.py"
+    worker.write_text(ON_RANK0_FAULT_WORKER)
+    assert launch_local(2, [], program=[str(worker)]) == 1  # rank 0's own fault, not rank 1's 4
+    assert "rank 0 failed in a step it took for every rank (KeyError: 'config')" in capfd.readouterr().out
 
 
 def test_a_rank_stopped_by_its_own_error_exits_with_its_code_and_message_while_its_peers_wait(tmp_path, capfd):

@@ -447,6 +447,13 @@ def test_resume_takes_a_rebuild_of_its_corpus_elsewhere_and_refuses_another_corp
     assert done.stderr.count("is not the corpus this run was trained on") == 1, done.stderr[-3000:]
 
 
+
+def test_a_fresh_start_on_a_run_with_checkpoints_is_refused_once_for_both_ranks(run, small_corpus, tmp_path):
+    out = copy_run(run, tmp_path / "run")
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.count("already has checkpoints; pass --resume to continue it") == 1, done.stderr[-3000:]
+
 def test_runs_resolved_at_once_export_once_the_others_wait(run, tmp_path, caplog):
     # Sweep trials resolve the same run together: each exported it into RUN/export/<tag>, replacing files
     # under the others' feet. Now one holds the export's lock and the others wait for it.
