@@ -23,6 +23,7 @@ import os
 import pickle
 from pathlib import Path
 from typing import Any, Iterator
+from unittest import mock
 
 import torch
 
@@ -80,13 +81,14 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> d
         # No ZeRO and fp32: the module state in the model file *is* the master copy.
         state = load_checkpoint_file(ckpt_dir / tag / "mp_rank_00_model_states.pt")
         return {k: v.float() for k, v in state["module"].items()}
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from deepspeed.utils import zero_to_fp32
 
-    # zero_to_fp32 prints what it does ("Processing zero checkpoint ...": five lines and a progress bar for
-    # the tiny model); the export's own line says it. Its errors are exceptions, which still come through.
+    # zero_to_fp32 prints what it does ("Processing zero checkpoint ...": five lines, and tqdm progress bars
+    # on stderr, for the tiny model); the export's own line says it. Its errors are exceptions, which still
+    # come through. The bars go by replacing its tqdm: a redirect of stderr would also take our log records.
     with safe_deepspeed_loads(ckpt_dir / tag), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
-        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+            mock.patch.object(zero_to_fp32, "tqdm", lambda items, **_: items):
+        return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
 
 
 def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run_dir: Path) -> None:
