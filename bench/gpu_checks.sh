@@ -64,7 +64,7 @@ part3() {
         [ "$variant" = preset ] && flags=
         name=$(echo "$variant" | tr -c 'a-z0-9\n' '-')
         timeout 200 "${B[@]}" $flags >"$WORK/bench512-$name.log" 2>&1
-        echo "$variant: exit $?"; grep -E "^device|^ *512 |split" "$WORK/bench512$name.log"
+        echo "$variant: exit $?"; grep -E "^device|^ *512 |split" "$WORK/bench512-$name.log"
     done
     [ -n "${OUT:-}" ] && cp "$WORK"/bench512-*.log "$OUT"/
 }

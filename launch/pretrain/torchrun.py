@@ -4,7 +4,7 @@
 torchrun exits 1 whatever its workers did, so a scheduler cannot tell a run that must not be retried
 from one that should be: a user error (exit 2: the message says which flag or input to change, and a
 retry repeats it) or a diverged run (3: a retry from the last checkpoint diverges again) from a fault (a
-lost peer, a full disk: 1) or a kill (128 + the signal). The Kubernetes JobSet manifest fails the job at
+full disk, say: 1), a peer lost on another node (4) or a kill (128 + the signal). The Kubernetes JobSet manifest fails the job at
 once on 2 and 3 (`podFailurePolicy`) and restarts it on anything else.
 
 Flags, PET_* variables, rendezvous and worker handling are torchrun's own (`torch.distributed.run`);
