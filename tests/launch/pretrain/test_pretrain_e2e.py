@@ -230,6 +230,31 @@ def test_a_rank_killed_alone_is_named_in_one_line_with_no_traceback_and_exit_137
     assert int((out / "checkpoints" / "latest").read_text().strip().removeprefix("global_step")) >= 2
 
 
+
+def test_bertpipe_pretrain_as_torchruns_worker_names_a_killed_rank_and_its_survivor_says_so_in_one_line(
+        small_corpus, tmp_path):
+    """The same kill where each rank is `bertpipe pretrain` itself (`torchrun --no-python bertpipe pretrain`,
+    as under `deepspeed --no_python`): the survivor printed gloo's traceback and exited 1, group open."""
+    from repo_paths import REPO
+
+    out = tmp_path / "oom"
+    cmd = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2", "--no-python",
+           *[a for a in pretrain_cmd(small_corpus, out, 2, 1, "--max-steps", "10000") if a not in ("--nproc", "2")]]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        wait_for(lambda: last_step(out) >= 3, proc)
+        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if str(BERTPIPE) in c.cmdline()]
+        next(r for r in ranks if r.environ().get("RANK") == "1").kill()
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 137, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "worker rank 1 was killed by SIGKILL (exit 137)" in output, output[-3000:]
+    assert "ERROR launch.pretrain.worker: rank 0: a collective with the other ranks failed (" in output, output[-3000:]
+
 CRASHING_WORKER = """
 import os, sys
 import launch.pretrain.checkpoints as ckpt
