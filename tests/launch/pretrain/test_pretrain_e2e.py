@@ -203,24 +203,33 @@ def test_sigterm_checkpoints_and_exits_143_so_a_scheduler_restarts_it(small_corp
     assert "stopped by signal" in output and f"(exit {128 + signum})" in output
 
 
+def kill_rank_one(cmd: list[str], out: Path, rank_arg: str) -> tuple[int, str]:
+    """Run `cmd` until step 3 is logged, then SIGKILL its rank 1 (the process with `rank_arg` in its command
+    line and RANK=1), as the out-of-memory killer does; its exit code and output."""
+    from repo_paths import REPO
+
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        wait_for(lambda: last_step(out) >= 3, proc)
+        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if rank_arg in c.cmdline()]
+        next(r for r in ranks if r.environ().get("RANK") == "1").kill()
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, output
+
+
 @pytest.mark.slow
 def test_a_rank_killed_alone_is_named_in_one_line_with_no_traceback_and_exit_137(small_corpus, tmp_path):
     """What the out-of-memory killer does: one rank SIGKILLed. The launcher names it, the survivor whose
     collective lost its peer says so in one line (it printed gloo's 40-line traceback), and the run's exit
     code is the kill's (it was the survivor's 1); the last checkpoint is kept."""
     out = tmp_path / "oom"
-    proc = subprocess.Popen(pretrain_cmd(small_corpus, out, 2, 1, "--max-steps", "10000", "--save-every", "2"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    try:
-        wait_for(lambda: last_step(out) >= 3, proc)
-        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "launch.pretrain" in c.cmdline()]
-        next(r for r in ranks if r.environ().get("RANK") == "1").kill()
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 137, output[-3000:]
+    code, output = kill_rank_one(pretrain_cmd(small_corpus, out, 2, 1, "--max-steps", "10000", "--save-every", "2"),
+                                 out, "launch.pretrain")
+    assert code == 137, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     errors = [line for line in output.splitlines() if " ERROR " in line]
     assert any("worker rank 1 was killed by SIGKILL (exit 137): on Linux usually the kernel's out-of-memory killer"
@@ -230,30 +239,21 @@ def test_a_rank_killed_alone_is_named_in_one_line_with_no_traceback_and_exit_137
     assert int((out / "checkpoints" / "latest").read_text().strip().removeprefix("global_step")) >= 2
 
 
-
+@pytest.mark.slow
 def test_bertpipe_pretrain_as_torchruns_worker_names_a_killed_rank_and_its_survivor_says_so_in_one_line(
         small_corpus, tmp_path):
     """The same kill where each rank is `bertpipe pretrain` itself (`torchrun --no-python bertpipe pretrain`,
     as under `deepspeed --no_python`): the survivor printed gloo's traceback and exited 1, group open."""
-    from repo_paths import REPO
-
     out = tmp_path / "oom"
-    cmd = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2", "--no-python",
-           *[a for a in pretrain_cmd(small_corpus, out, 2, 1, "--max-steps", "10000") if a not in ("--nproc", "2")]]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    try:
-        wait_for(lambda: last_step(out) >= 3, proc)
-        ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if str(BERTPIPE) in c.cmdline()]
-        next(r for r in ranks if r.environ().get("RANK") == "1").kill()
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 137, output[-3000:]
+    pretrain = pretrain_cmd(small_corpus, out, 2, 1, "--max-steps", "10000")
+    at = pretrain.index("--nproc")  # torchrun sets the world
+    torchrun = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2", "--no-python"]
+    code, output = kill_rank_one([*torchrun, *pretrain[:at], *pretrain[at + 2:]], out, str(BERTPIPE))
+    assert code == 137, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert "worker rank 1 was killed by SIGKILL (exit 137)" in output, output[-3000:]
     assert "ERROR launch.pretrain.worker: rank 0: a collective with the other ranks failed (" in output, output[-3000:]
+
 
 CRASHING_WORKER = """
 import os, sys
