@@ -53,6 +53,12 @@ class ReportedByRankZero(StoppedTogether):
     """The same user error as rank 0's, which reports it: other ranks exit with it quietly."""
 
 
+def stopped_together(message: str) -> StoppedTogether:
+    """The error of a user error that every rank meets at the same point: rank 0 says it, the others stop
+    quietly, and all can leave the group."""
+    return (StoppedTogether if dist.get_rank() == 0 else ReportedByRankZero)(message)
+
+
 class RankZeroFailed(dist.DistError):
     """Rank 0 met a fault (not a user error) in `on_rank0`: the other ranks stop with it (exit 4, a lost
     peer's) rather than wait for rank 0 in their next collective, which under NCCL lasts its timeout."""
@@ -75,7 +81,7 @@ def on_rank0(fn: Callable[[], Any]) -> Any:
     if box[2] is not None:
         raise RankZeroFailed(f"rank 0 failed in a step it took for every rank ({box[2]})")
     if box[1] is not None:
-        raise (StoppedTogether if dist.get_rank() == 0 else ReportedByRankZero)(box[1])
+        raise stopped_together(box[1])
     return box[0]
 
 

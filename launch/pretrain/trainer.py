@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from launch.config import save_config, to_dict
 from launch.checkpoint_dirs import RUN_FILES, RUN_MARKER, is_run_dir, read_meta, select_checkpoint
-from launch.pretrain.checkpoints import (ReportedByRankZero, StoppedTogether, convert_to_universal, load_rng, on_rank0,
-                                         save as save_checkpoint)
+from launch.pretrain.checkpoints import (convert_to_universal, load_rng, on_rank0, save as save_checkpoint,
+                                         stopped_together)
 from launch.pretrain.hf_export import safe_deepspeed_loads
 from launch.pretrain.init_from import load_init_from
 from launch.pretrain.pretrain_config import PretrainConfig
@@ -199,9 +199,9 @@ class Trainer:
         has_run = on_rank0(lambda: is_run_dir(self.run_dir))
         refuse_others_files(self.run_dir, RUN_FILES, RUN_MARKER, "pretrain", ours=has_run)
         if not self.resume:
-            if has_run:  # rank 0's view, so every rank stops here: rank 0 says it
-                raise (StoppedTogether if self.rank == 0 else ReportedByRankZero)(
-                    f"{self.run_dir} already has checkpoints; pass --resume to continue it, or choose a new --out")
+            if has_run:  # rank 0's view, so every rank stops here
+                raise stopped_together(f"{self.run_dir} already has checkpoints; pass --resume to continue it, "
+                                       f"or choose a new --out")
             return None
         if not has_run:
             log.info("--resume: no checkpoint in %s yet; starting from step 0", self.ckpt_dir)

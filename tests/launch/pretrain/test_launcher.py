@@ -262,6 +262,7 @@ def test_a_rank_stopped_by_its_own_error_exits_with_its_code_and_message_while_i
     assert launch_local(2, [], program=[str(worker)]) == 2
     assert "rank 1: error: its own" in capfd.readouterr().err
 
+
 TORCHRUN = [sys.executable, "-m", "launch.pretrain.torchrun", "--standalone", "--nproc-per-node", "2"]
 
 # A rank as the trainer is on SIGTERM: it checkpoints at its next step, then exits 128 + 15.
