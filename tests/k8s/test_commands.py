@@ -35,6 +35,8 @@ IMAGE_ENTRYPOINTS = {
 TRAINER_STEP = ("trainer.kubeflow.org/trainjob-ancestor-step", "trainer")
 # torchrun, exiting with the failed worker's own code (bare torchrun exits 1 whatever happened).
 TORCHRUN_KEEPING_EXIT_CODES = ["python", "-m", "launch.pretrain.torchrun"]
+# DeepSpeed's runner, exiting 128 + N where bare `deepspeed` exits 0 (its mpirun killed by signal N).
+DEEPSPEED_KEEPING_EXIT_CODES = ["python", "-m", "launch.pretrain.deepspeed_runner"]
 
 
 @lru_cache(maxsize=1)
@@ -130,8 +132,9 @@ def check_pretrain_worker(argv: list[str], where: str, monkeypatch, capsys) -> a
 
 
 def openmpi_command_lines() -> dict[str, str]:
-    """The processes on an MPI launcher pod, as `pkill -f` sees them: tini, DeepSpeed's runner, the mpirun
-    its OpenMPIRunner builds, and a rank (the tail of mpirun's line that orted starts)."""
+    """The processes on an MPI launcher pod, as `pkill -f` sees them: tini, DeepSpeed's runner (ours, or bare
+    `deepspeed` as the docs run it over ssh), the mpirun its OpenMPIRunner builds, and a rank (the tail of
+    mpirun's line that orted starts)."""
     import sys
 
     from deepspeed.launcher.multinode_runner import OpenMPIRunner
@@ -140,8 +143,9 @@ def openmpi_command_lines() -> dict[str, str]:
     argv = ["--hostfile", "/etc/mpi/hostfile", "--launcher", "openmpi", "--launcher_args", "-x OMP_NUM_THREADS=4",
             "--module", "launch.pretrain", "--config", "bert-large-phase1", "--resume"]
     mpirun = OpenMPIRunner(deepspeed_args(argv), "", {"node-0": 8}).get_cmd({}, {})
-    return {"tini": " ".join(["/usr/bin/tini", "-g", "--", "deepspeed", *argv]),
-            "runner": " ".join([sys.executable, "/opt/venv/bin/deepspeed", *argv]),
+    return {"tini": " ".join(["/usr/bin/tini", "-g", "--", *DEEPSPEED_KEEPING_EXIT_CODES, *argv]),
+            "runner": " ".join([sys.executable, *DEEPSPEED_KEEPING_EXIT_CODES[1:], *argv]),
+            "bare runner": " ".join([sys.executable, "/opt/venv/bin/deepspeed", *argv]),
             "mpirun": " ".join(mpirun), "rank": " ".join(mpirun[mpirun.index(sys.executable):])}
 
 
@@ -150,7 +154,7 @@ def check_rank_pattern(pattern: str, where: str) -> None:
     # the ranks alone (the old 'launch[.]pretrain' matched all four).
     lines = openmpi_command_lines()
     assert re.search(pattern, lines["rank"]), f"{where}: {pattern!r} misses the rank {lines['rank']!r}"
-    for name in ("tini", "runner", "mpirun"):
+    for name in ("tini", "runner", "bare runner", "mpirun"):
         assert not re.search(pattern, lines[name]), f"{where}: {pattern!r} also matches {name}: {lines[name]!r}"
 
 
@@ -190,10 +194,12 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
         return check_command(where, argv[3:], spec, monkeypatch, capsys, caplog)
     if program == "bertpipe":
         check_bertpipe(argv[1:], where, capsys, caplog)
-    elif program == "deepspeed":
+    elif program == "deepspeed" or argv[:3] == DEEPSPEED_KEEPING_EXIT_CODES:
         from deepspeed.launcher.runner import parse_args as deepspeed_args
 
-        launcher = deepspeed_args(argv[1:])
+        if program != "deepspeed":
+            _require_module(argv[2])
+        launcher = deepspeed_args(argv[1 if program == "deepspeed" else 3:])
         assert launcher.module and launcher.user_script == "launch.pretrain", where
         if launcher.launcher == "openmpi":  # DeepSpeed's OpenMPI runner refuses these (validate_args)
             assert launcher.num_gpus == -1 and launcher.num_nodes == -1 and not launcher.include, where
@@ -233,6 +239,11 @@ def check_command(where: str, argv: list[str], spec: dict[str, Any], monkeypatch
 @pytest.mark.parametrize("where", _ids(), ids=_ids())
 def test_manifest_command(where: str, monkeypatch, capsys, caplog) -> None:
     (argv, spec) = next((a, s) for w, a, s in _manifest_commands() if w == where)
+    # Bare torchrun exits 1 whatever its workers did, bare deepspeed 0 when its mpirun is killed: a job
+    # controller must see the exit code that tells it whether to retry.
+    program = argv[3:4] if argv[:1] == ["/usr/bin/tini"] else argv[:1]
+    instead = {"deepspeed": DEEPSPEED_KEEPING_EXIT_CODES, "torchrun": TORCHRUN_KEEPING_EXIT_CODES}
+    assert not (program and program[0] in instead), f"{where}: run {program[0]} as `{' '.join(instead[program[0]])}`"
     check_command(where, argv, spec, monkeypatch, capsys, caplog)
 
 
@@ -247,6 +258,8 @@ def test_every_stage_runs_a_bertpipe_command() -> None:
             seen.add(argv[0])
         elif argv[:3] == TORCHRUN_KEEPING_EXIT_CODES:
             seen.add("torchrun")
+        elif argv[:3] == DEEPSPEED_KEEPING_EXIT_CODES:
+            seen.add("deepspeed")
     assert {"download", "corpus", "sweep", "deepspeed", "torchrun"} <= seen
 
 
@@ -259,7 +272,8 @@ def _documented_commands(text: str) -> list[list[str]]:
     joined = "\n".join(lines).replace("\\\n", " ")
     for line in joined.splitlines():
         line = line.strip()
-        if re.match(r"^(bertpipe|deepspeed|torchrun|python -m launch\.pretrain\.torchrun|ray (submit|job submit)|"
+        if re.match(r"^(bertpipe|deepspeed|torchrun|python -m launch\.pretrain\.(torchrun|deepspeed_runner)|"
+                    r"ray (submit|job submit)|"
                     r"kubectl (apply|kustomize)) ", line):
             commands.append(shlex.split(line, comments=True))
     return commands

@@ -1,0 +1,77 @@
+"""DeepSpeed's runner that does not exit 0 when what it started was killed:
+`python -m launch.pretrain.deepspeed_runner [deepspeed's flags] --module launch.pretrain [bertpipe pretrain's flags]`.
+
+The `deepspeed` command starts one process, `mpirun` (or pdsh, or on one node DeepSpeed's local
+launcher), waits for it and exits with its code only when that code is positive. A process killed by
+a signal has a negative code, so when the out-of-memory killer (or anyone) SIGKILLs mpirun, `deepspeed`
+exits 0 and a Kubernetes job (the MPIJob, the TrainJob) counts the unfinished run as done. This module
+runs DeepSpeed's own runner (flags, hostfile and launchers unchanged) and, in that case, names the signal
+in one line and exits 128 + its number, as a shell reports it, so the job restarts and `--resume`
+continues from the last checkpoint. Every other exit is the runner's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+log = logging.getLogger("launch.pretrain.deepspeed_runner")  # also when run as __main__
+
+
+class _RecordingSubprocess:
+    """What DeepSpeed's runner module sees as `subprocess`: the module itself, except that Popen
+    remembers the processes it starts (the runner keeps its child in a local variable)."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    def Popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:  # noqa: N802 (subprocess's name)
+        process = subprocess.Popen(*args, **kwargs)
+        self.started.append(process)
+        return process
+
+
+def _named(args: Any) -> str:
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    if "deepspeed.launcher.launch" in argv:
+        return "DeepSpeed's local launcher (deepspeed.launcher.launch)"
+    return os.path.basename(argv[0]) if argv else "its launcher"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from deepspeed.launcher import runner
+
+    from launch.log import setup_logging
+    from launch.pretrain.launcher import exit_code
+
+    setup_logging()
+    recording = _RecordingSubprocess()
+    runner.subprocess = recording
+    try:
+        runner.main(argv)
+    except SystemExit as stop:  # the runner's own exit: a positive code from its child, or a usage error
+        return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+    finally:
+        runner.subprocess = subprocess
+    code = recording.started[0].returncode if recording.started else 0
+    if code >= 0:
+        return code
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    # Its ranks may have said more; a SIGKILL is on Linux usually the out-of-memory killer, which `dmesg` names.
+    log.error("%s, started by the deepspeed runner, was killed by %s (exit %d); the run stopped: continue from "
+              "its last checkpoint with --resume", _named(recording.started[0].args), name, exit_code(code))
+    return exit_code(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
