@@ -57,8 +57,9 @@ CONFIG_FILE = "sweep_config.json"
 SWEEP_FILES = (CONFIG_FILE, EXPERIMENT, "trials", "fault_injection", "results.json", "results.md", "sweep.png")
 RECORD = "trial_result.json"  # OUT/trials/<trial>/: a finished trial's settings and metrics
 NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
-# Where a trial ran, not what it computed: a resume with other --cpus-per-trial keeps its finished trials.
-RESOURCE_SETTINGS = frozenset({"threads"})
+# Where or how a trial ran, not what it computed or wrote: a resume with other --cpus-per-trial, another
+# --feature-cache folder (the activations are computed again, the same) or a progress bar keeps its finished trials.
+RESOURCE_SETTINGS = frozenset({"threads", "feature_cache", "progress"})
 REFUSED = "bertpipe_refused"  # a trial's report when its input was refused: the one-line reason
 
 

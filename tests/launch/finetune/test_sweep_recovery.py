@@ -176,7 +176,10 @@ def test_trial_records_verify_their_settings_inputs_and_checksum(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [RECORD]  # no temporary file left behind
     got, why = read_record(tmp_path, {**settings, "lr": 3e-5}, "in")
     assert got is None and "other settings (lr)" in why
-    assert read_record(tmp_path, {**settings, "threads": 2}, "in") == (metrics, "")  # where it ran, not what
+    for where_or_how in ({"threads": 2}, {"feature_cache": str(tmp_path / "cache")}, {"progress": False}):
+        assert read_record(tmp_path, {**settings, **where_or_how}, "in") == (metrics, "")  # not what it computed
+    got, why = read_record(tmp_path, {**settings, "save_model": True}, "in")  # what it wrote: run it again
+    assert got is None and "other settings (save_model)" in why
     got, why = read_record(tmp_path, settings, "other")
     assert got is None and "the checkpoint or the data changed" in why
     data = json.loads(path.read_text())
