@@ -7,6 +7,7 @@
   TensorBoard, progress).
 - `worker.main`: the per-process entry point (`python -m launch.pretrain` under `deepspeed`,
   `torchrun` or `bertpipe pretrain --nproc N`, whose local launch is `launcher`); `torchrun.main`:
-  torchrun exiting with the failed worker's own code (`python -m launch.pretrain.torchrun`).
+  torchrun exiting with the failed worker's own code (`python -m launch.pretrain.torchrun`);
+  `deepspeed_runner.main`: DeepSpeed's runner exiting 128 + N, not 0, when its mpirun is killed by signal N.
 - `hf_export`: a run's checkpoint -> Hugging Face directory.
 """

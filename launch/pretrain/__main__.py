@@ -1,12 +1,23 @@
 """`python -m launch.pretrain ...`: what `deepspeed --module`, `torchrun -m` and Kubernetes jobs run."""
 
 import sys
-import traceback
 
-from launch.pretrain.worker import exit_if_in_group, main
+try:  # from the first import: a Ctrl-C may come while the ranks start
+    import traceback
 
-try:
+    from launch.pretrain.worker import exit_if_in_group, main
+
     code = main()
+except KeyboardInterrupt:  # before training set its own handler (which checkpoints): one line, no traceback
+    import logging
+
+    from launch.log import setup_logging
+    from launch.pretrain.worker import exit_if_in_group
+
+    setup_logging()  # it may have come before main's
+    logging.getLogger("launch.pretrain").error("interrupted while starting, before this run's first step: nothing "
+                                               "new to save (exit 130)")
+    code = 130
 except Exception:  # noqa: BLE001 - a fault: its traceback, exit 1, as Python would, but see below
     traceback.print_exc()
     code = 1

@@ -105,11 +105,11 @@ def leave_if_alone() -> None:
 
 
 def in_group_with_peers() -> bool:
-    if "torch.distributed" not in sys.modules:  # never imported: no group
-        return False
-    import torch.distributed as dist
-
-    return dist.is_initialized() and dist.get_world_size() > 1
+    # Never imports torch: after a Ctrl-C cut its import short, importing it again fails ("Only a single
+    # TORCH_LIBRARY can be used to register the namespace prims").
+    dist = sys.modules.get("torch.distributed")
+    is_initialized = getattr(dist, "is_initialized", None)  # absent: never imported, or cut short (no group)
+    return bool(is_initialized and is_initialized() and dist.get_world_size() > 1)
 
 
 def exit_if_in_group(code: int, message: str | None = None) -> None:

@@ -203,6 +203,28 @@ def test_sigterm_checkpoints_and_exits_143_so_a_scheduler_restarts_it(small_corp
     assert "stopped by signal" in output and f"(exit {128 + signum})" in output
 
 
+@pytest.mark.slow
+def test_ctrl_c_while_the_ranks_start_is_one_line_a_rank_and_exit_130(small_corpus, tmp_path):
+    """Ctrl-C before training sets its handler (imports, DeepSpeed's setup, the shard check): each rank
+    printed Python's KeyboardInterrupt traceback, 60 lines, and ended with its gloo group open."""
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen(pretrain_cmd(small_corpus, out, 2, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        wait_for(lambda: sum("launch.pretrain" in c.cmdline()
+                             for c in psutil.Process(proc.pid).children(recursive=True)) == 2, proc)
+        time.sleep(1)  # past the interpreter's own start-up; their setup takes several seconds more
+        proc.send_signal(signal.SIGINT)  # to the launcher, which passes it on, as Ctrl-C reaches them all
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert output.count("interrupted while starting, before this run's first step") == 2, output[-3000:]
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
 def kill_rank_one(cmd: list[str], out: Path, rank_arg: str) -> tuple[int, str]:
     """Run `cmd` until step 3 is logged, then SIGKILL its rank 1 (the process with `rank_arg` in its command
     line and RANK=1), as the out-of-memory killer does; its exit code and output."""
@@ -382,7 +404,8 @@ def test_plot_loss_writes_a_png(reference, tmp_path):
 
 @pytest.mark.slow
 def test_same_trainer_under_the_deepspeed_launcher(small_corpus, reference, tmp_path):
-    """`deepspeed -m launch.pretrain` (which appends --local_rank) reproduces our launcher's first steps.
+    """`deepspeed -m launch.pretrain` (which appends --local_rank; here through `launch.pretrain.deepspeed_runner`)
+    reproduces our launcher's first steps.
 
     Two steps of a run with --max-steps 2 use the same data, init and first lr as the 12-step
     reference (warmup rounds to 1 step there and 0 here: both start at the peak lr).
@@ -393,9 +416,10 @@ def test_same_trainer_under_the_deepspeed_launcher(small_corpus, reference, tmp_
     flags = flags[:at] + flags[at + 2:]
     at = flags.index("--max-steps")
     flags[at + 1] = "2"
-    launcher = Path(sys.executable).with_name("deepspeed")
+    # DeepSpeed's runner as the Kubernetes manifests run it (its exit code kept when its launcher is killed)
+    launcher = [sys.executable, "-m", "launch.pretrain.deepspeed_runner"]
     port = 29500 + os.getpid() % 1000
-    cmd = [str(launcher), "--num_gpus", "2", "--master_port", str(port), "--module", "launch.pretrain", *flags]
+    cmd = [*launcher, "--num_gpus", "2", "--master_port", str(port), "--module", "launch.pretrain", *flags]
 
     def buffers() -> dict[Path, int]:
         return {p: p.stat().st_mtime_ns for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")}
