@@ -7,7 +7,8 @@ a signal has a negative code, so when the out-of-memory killer (or anyone) SIGKI
 exits 0 and a Kubernetes job (the MPIJob, the TrainJob) counts the unfinished run as done. This module
 runs DeepSpeed's own runner (flags, hostfile and launchers unchanged) and, in that case, names the signal
 in one line and exits 128 + its number, as a shell reports it, so the job restarts and `--resume`
-continues from the last checkpoint. Every other exit is the runner's own.
+continues from the last checkpoint. A hostfile or flags it refuses (a ValueError) is one line and exit 2,
+a user error, not its traceback. Every other exit is the runner's own.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         runner.main(argv)
     except SystemExit as stop:  # the runner's own exit: a positive code from its child, or a usage error
         return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+    except ValueError as err:  # the hostfile or the flags, before anything started: a retry repeats it
+        log.error("deepspeed runner: %s", err)
+        return 2
     finally:
         runner.subprocess = subprocess
     code = recording.started[0].returncode if recording.started else 0

@@ -72,3 +72,12 @@ def test_an_exit_code_of_the_ranks_passes_through(tmp_path) -> None:
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 3, out
     assert "was killed" not in out, out
+
+
+def test_a_hostfile_it_refuses_is_one_line_and_a_user_error(tmp_path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-1 slots=8\nnode-1 slots=8\n")
+    proc = _runner("--hostfile", str(hostfile), "--launcher", "openmpi", *PROGRAM, "true")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert "deepspeed runner: Hostfile contains multiple entries for node-1" in out and "Traceback" not in out, out
