@@ -161,7 +161,7 @@ def test_conll_and_swag_bad_lines():
 
 def test_user_regress_needs_numbers(tmp_path):
     (tmp_path / "train.tsv").write_text("text\tscore\nfine\t1.5\nbad\tnot-a-number\n")
-    (tmp_path / "dev.tsv").write_text("text\tscore\nok\t2\n")
+    (tmp_path / "dev.tsv").write_text("text\tscore\nok\t2\nmeh\t1\n")
     with pytest.raises(DataError, match=r"train.tsv:3: label 'not-a-number' is not a finite number"):
         load("regress", tmp_path, label_column="score")
     rows = userdata.read_text_split(tmp_path / "dev.tsv", userdata.Columns(label="score"), labelled=True,
@@ -169,15 +169,28 @@ def test_user_regress_needs_numbers(tmp_path):
     assert rows[0][1].label == 2.0
 
 
+def test_user_regress_needs_scores_that_vary(tmp_path):
+    # One score throughout: nothing to learn in train; in dev every run's Pearson and Spearman read 0.0
+    (tmp_path / "train.tsv").write_text("text\tscore\nfine\t1.5\ngood\t3\n")
+    (tmp_path / "dev.tsv").write_text("text\tscore\nok\t2\nmeh\t2.0\n")
+    with pytest.raises(DataError, match=r"dev.tsv: regress needs scores that vary in column 'score', found 2 "
+                                        r"example\(s\) scored \[2.0\]: Pearson and Spearman correlation are undefined"):
+        load("regress", tmp_path, label_column="score")
+    (tmp_path / "train.tsv").write_text("text\tscore\nfine\t1.5\n")
+    with pytest.raises(DataError, match=r"train.tsv: regress needs scores .* there is nothing to learn"):
+        load("regress", tmp_path, label_column="score")
+
+
 @pytest.mark.parametrize("json_value, raw", [("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-Infinity"),
                                              ('"nan"', "NaN")])
 def test_a_score_that_is_not_finite_is_malformed_not_read(tmp_path, json_value, raw):
     # float() reads these; one of them made the training loss and every dev correlation NaN, without a word
-    (tmp_path / "train.jsonl").write_text(f'{{"text": "fine", "score": 1.5}}\n{{"text": "odd", "score": {json_value}}}\n')
-    (tmp_path / "dev.jsonl").write_text('{"text": "ok", "score": 2}\n')
+    (tmp_path / "train.jsonl").write_text(f'{{"text": "fine", "score": 1.5}}\n{{"text": "odd", "score": {json_value}}}\n'
+                                          '{"text": "good", "score": 3}\n')
+    (tmp_path / "dev.jsonl").write_text('{"text": "ok", "score": 2}\n{"text": "meh", "score": 1}\n')
     with pytest.raises(DataError, match=r"train.jsonl:2: label .* is not a finite number"):
         load("regress", tmp_path, label_column="score")
-    assert [ex.label for ex in load("regress", tmp_path, label_column="score", skip_malformed=True).train] == [1.5]
+    assert [ex.label for ex in load("regress", tmp_path, label_column="score", skip_malformed=True).train] == [1.5, 3.0]
     sts = tmp_path / "STS-B"
     sts.mkdir()
     head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
