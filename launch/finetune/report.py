@@ -105,40 +105,56 @@ def _cell(task: str, info: dict[str, Any]) -> str:
     return text
 
 
-def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
-    """Tasks as columns in the paper's order, the dev score x100, an average, the chosen config."""
-    tasks = ordered(list(summary))
+def _row_name(name: str, init: str) -> str:
+    return f"random init ({name}'s architecture)" if init == "random" else name
+
+
+def system_rows(trials: Sequence[dict[str, Any]], *, name: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """The table's rows, each a `summarize` of its trials: one, named after the checkpoint, unless the grid
+    sweeps `init` (the demo's pre-trained against random weights). That is a choice of model, not a
+    hyper-parameter: each init gets its own row and best config, so that neither hides the other."""
+    inits = sorted({t["point"].get("init", "checkpoint") for t in trials}) or ["checkpoint"]  # checkpoint first
+    if len(inits) == 1:
+        return {_row_name(name, inits[0]): summarize(trials)}
+    return {_row_name(name, init): summarize([t for t in trials if t["point"].get("init", "checkpoint") == init])
+            for init in inits}
+
+
+def markdown_table(rows: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Tasks as columns in the paper's order; a row per system (`system_rows`): the dev score x100, an
+    average; then the chosen config of each."""
+    tasks = ordered(sorted({t for summary in rows.values() for t in summary}))
+    metrics = {t: next(summary[t]["metric"] for summary in rows.values() if t in summary) for t in tasks}
     head = "| System | " + " | ".join(TITLES.get(t, t) for t in tasks) + " | Average |"
     rule = "|---|" + "---|" * (len(tasks) + 1)
-    metric_row = "| (dev metric) | " + " | ".join(METRIC_ABBR.get(summary[t]["metric"], summary[t]["metric"]) for t in tasks) + " | |"
-    points = [summary[t]["best"]["score"] * (1 if t == "squad" else 100) for t in tasks if summary[t]["best"]]
-    avg = f"{statistics.fmean(points):.1f}" if points and len(points) == len(tasks) else "-"
-    # The row is named after the checkpoint, unless the best point swept away from it (a demo's `init random`).
-    inits = {summary[t]["best"]["config"].get("init", "checkpoint") for t in tasks if summary[t]["best"]}
-    if inits == {"random"}:
-        name = f"random init ({name}'s architecture)"
-    elif "random" in inits:
-        name = f"{name} or random init (best config)"
-    score_row = f"| {name} | " + " | ".join(_cell(t, summary[t]) for t in tasks) + f" | {avg} |"
+    metric_row = "| (dev metric) | " + " | ".join(METRIC_ABBR.get(metrics[t], metrics[t]) for t in tasks) + " | |"
+    missing = {"best": None, "failed": []}
 
-    def cfg(t: str) -> str:
-        best = summary[t]["best"]
+    def score_row(name: str, summary: dict[str, dict[str, Any]]) -> str:
+        points = [summary[t]["best"]["score"] * (1 if t == "squad" else 100) for t in tasks
+                  if summary.get(t, missing)["best"]]
+        avg = f"{statistics.fmean(points):.1f}" if points and len(points) == len(tasks) else "-"
+        return f"| {name} | " + " | ".join(_cell(t, summary.get(t, missing)) for t in tasks) + f" | {avg} |"
+
+    def cfg(summary: dict[str, dict[str, Any]], t: str) -> str:
+        best = summary.get(t, missing)["best"]
         if best is None:
             return "-"
         c = best["config"]
-        # Any other swept setting is named too: a demo's best point may be `init random`, not the checkpoint.
+        # Any other swept setting is named too (one that differs between this row's grid points).
         swept = swept_beyond_lr_batch_epochs([g["config"] for g in summary[t]["grid"]])
         return ", ".join([f"lr {c.get('lr', '?'):g}", f"bs {c.get('batch_size', '?')}", f"ep {c.get('epochs', '?')}",
                           *(f"{k} {c.get(k)}" for k in swept)])
 
-    config_row = "| best config | " + " | ".join(cfg(t) for t in tasks) + " | |"
-    lines = [head, rule, metric_row, score_row, config_row]
-    seeds = max((summary[t].get("seeds", 1) for t in tasks), default=1)
+    config_rows = [f"| best config{'' if len(rows) == 1 else ', ' + name} | " + " | ".join(cfg(summary, t) for t in tasks)
+                   + " | |" for name, summary in rows.items()]
+    lines = [head, rule, metric_row, *(score_row(n, s) for n, s in rows.items()), *config_rows]
+    seeds = max((s[t].get("seeds", 1) for s in rows.values() for t in s), default=1)
     if seeds > 1:
         lines += ["", f"Dev score x100 of the best config: mean ± std (population) over its {seeds} seeds."]
-    failed = {t: len(summary[t]["failed"]) for t in tasks if summary[t]["failed"]}
-    if failed:
-        lines += ["", "Failed trials (after retries): " + ", ".join(f"{t}: {n}" for t, n in failed.items())]
+    failed = {t: sum(len(s[t]["failed"]) for s in rows.values() if t in s) for t in tasks}
+    if any(failed.values()):
+        lines += ["", "Failed trials (after retries): " + ", ".join(f"{t}: {n}" for t, n in failed.items() if n)]
     return "\n".join(lines) + "\n"
 
 

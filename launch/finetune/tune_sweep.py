@@ -39,7 +39,7 @@ from launch.config import coerce_field, from_dict, to_dict
 from launch.finetune import table7
 from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.local_ray import ray_session
-from launch.finetune.report import markdown_table, plot_grid, summarize
+from launch.finetune.report import markdown_table, plot_grid, summarize, system_rows
 from launch.finetune.tasks import get_task
 from pipeline.atomic_write import write_text_atomic
 from pipeline.output_lock import refuse_others_files
@@ -438,9 +438,12 @@ def write_results(out: Path, trials: list[dict[str, Any]], *, name: str, grid: A
     if table7.is_table7(grid):  # the paper's Table 7: rows of layer choices, not a grid (launch/finetune/table7.py)
         summary, table = table7.write_results(out, trials, name=name)
         return SweepResult(out, summary, trials, table)
-    summary = summarize(trials)
-    table = markdown_table(summary, name=name)
-    write_text_atomic(out / "results.json", json.dumps({"summary": summary, "trials": trials}, indent=2, default=str) + "\n")
+    summary, rows = summarize(trials), system_rows(trials, name=name)
+    table = markdown_table(rows)
+    # "rows" only where the table has more than one (a swept init): else it would repeat "summary".
+    extra = {"rows": rows} if len(rows) > 1 else {}
+    write_text_atomic(out / "results.json", json.dumps({"summary": summary, **extra, "trials": trials}, indent=2,
+                                                       default=str) + "\n")
     write_text_atomic(out / "results.md", table)
     plot_grid(trials, summary, out / "sweep.png")
     return SweepResult(out, summary, trials, table)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch.finetune.report import grid_lines, markdown_table, summarize
+from launch.finetune.report import grid_lines, markdown_table, summarize, system_rows
 from launch.finetune import table7
 from launch.config import from_dict
 from launch.finetune.finetune_config import FinetuneConfig
@@ -81,32 +81,41 @@ def test_summary_picks_best_mean_over_seeds_and_lays_out_the_paper_table():
     # the paper's choice, the best single dev run over every config and seed (it was the best config's best)
     assert s["rte"]["best_run"] == {"config": {"lr": 3e-5, "batch_size": 32, "epochs": 3}, "seed": 1, "score": 0.72}
     assert s["sst2"]["best"] is None and len(s["sst2"]["failed"]) == 1
-    table = markdown_table(s, name="bert-tiny")
+    table = markdown_table({"bert-tiny": s})
     lines = table.splitlines()
     assert lines[0] == "| System | MNLI-(m/mm) | SST-2 | RTE | Average |"  # the paper's column order
     assert lines[3] == "| bert-tiny | 85.0/83.0 ±1.0 | failed | 67.0 ±1.0 | - |"
     assert "Failed trials (after retries): sst2: 1, rte: 1" in table
     assert "mean ± std (population) over its 2 seeds" in table
     s["rte"]["best"]["scores"] = s["rte"]["best"]["scores"][:1]  # as if only one seed of the best had finished
-    assert "| 67.0 (n=1) |" in markdown_table(s, name="bert-tiny")
+    assert "| 67.0 (n=1) |" in markdown_table({"bert-tiny": s})
     assert lines[4] == "| best config | lr 3e-05, bs 32, ep 3 | - | lr 2e-05, bs 32, ep 3 | |"
 
 
-def test_a_grid_axis_beyond_the_papers_three_is_named_in_the_table_and_the_plot():
-    """The demo sweeps init: [checkpoint, random]; its best point must not read as the checkpoint's."""
-    trials = [{"point": {"task": "sst2", "lr": 5e-4, "batch_size": 32, "epochs": 2, "init": init, "max_seq_len": 64,
+def test_a_swept_init_gives_each_init_its_own_row_and_best_config():
+    """The demo sweeps init: [checkpoint, random]. The table showed only the better of the two (random init),
+    so the pre-trained model's result was nowhere in results.md; each init is now a row of its own."""
+    trials = [{"point": {"task": "sst2", "lr": lr, "batch_size": 32, "epochs": 2, "init": init, "max_seq_len": 64,
                          "seed": seed, "index": i}, "metrics": {"score": score}, "error": None}
-              for i, (init, seed, score) in enumerate([("checkpoint", 1, 0.60), ("checkpoint", 2, 0.62),
-                                                       ("random", 1, 0.76), ("random", 2, 0.77)])]
-    s = summarize(trials)
+              for i, (init, lr, seed, score) in enumerate([
+                  ("checkpoint", 5e-4, 1, 0.60), ("checkpoint", 5e-4, 2, 0.62), ("checkpoint", 1e-3, 1, 0.64),
+                  ("checkpoint", 1e-3, 2, 0.66), ("random", 5e-4, 1, 0.76), ("random", 5e-4, 2, 0.77),
+                  ("random", 1e-3, 1, 0.70), ("random", 1e-3, 2, 0.72)])]
+    s = summarize(trials)  # results.json's "summary": the best point over everything, as before
     assert s["sst2"]["best"]["config"]["init"] == "random" and s["sst2"]["best"]["score"] == pytest.approx(0.765)
-    # max_seq_len is in every point with one value: it names no difference, so it is not shown.
-    table = markdown_table(s, name="hf_model").splitlines()
-    assert table[4] == "| best config | lr 0.0005, bs 32, ep 2, init random | |"
-    assert table[3].startswith("| random init (hf_model's architecture) | 76.5")  # not "hf_model 76.5"
+    rows = system_rows(trials, name="hf_model")
+    assert list(rows) == ["hf_model", "random init (hf_model's architecture)"]
+    # max_seq_len is in every point with one value, and init is the row's own: neither is named in a config.
+    assert markdown_table(rows).splitlines()[3:7] == [
+        "| hf_model | 65.0 ±1.0 | 65.0 |",
+        "| random init (hf_model's architecture) | 76.5 ±0.5 | 76.5 |",
+        "| best config, hf_model | lr 0.001, bs 32, ep 2 | |",
+        "| best config, random init (hf_model's architecture) | lr 0.0005, bs 32, ep 2 | |"]
+    only_random = [t for t in trials if t["point"]["init"] == "random"]
+    assert list(system_rows(only_random, name="hf_model")) == ["random init (hf_model's architecture)"]
     # sweep.png draws one line per init, not both inits averaged into one point.
-    assert grid_lines(trials, "sst2") == {"bs 32, ep 2, init checkpoint": {5e-4: [0.60, 0.62]},
-                                          "bs 32, ep 2, init random": {5e-4: [0.76, 0.77]}}
+    assert grid_lines(trials, "sst2") == {"bs 32, ep 2, init checkpoint": {5e-4: [0.60, 0.62], 1e-3: [0.64, 0.66]},
+                                          "bs 32, ep 2, init random": {5e-4: [0.76, 0.77], 1e-3: [0.70, 0.72]}}
 
 
 @pytest.fixture(scope="module")
