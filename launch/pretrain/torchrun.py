@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     setup_logging()
+    # torchrun logs nothing while it waits for the other nodes, which can be minutes (a master not up yet).
+    where = "this node alone (--standalone)" if args.standalone else \
+        f"{args.rdzv_backend} rendezvous at {args.rdzv_endpoint or f'{args.master_addr}:{args.master_port or 29500}'}"
+    log.info("torchrun: %s node(s) x %s process(es), %s; the workers start once every node has joined", args.nnodes,
+             args.nproc_per_node, where)
     try:
         run(args)
         return 0

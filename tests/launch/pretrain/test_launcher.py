@@ -293,6 +293,7 @@ def test_torchrun_as_the_manifests_run_it_exits_with_the_workers_own_code(tmp_pa
                      "--out", str(tmp_path / "run"))
     assert done.returncode == 2, done.stderr
     assert f"{tmp_path / 'no-corpus'} has no manifest.json" in done.stderr and "Traceback" not in done.stderr
+    assert "torchrun: 1:1 node(s) x 2 process(es), this node alone (--standalone)" in done.stderr
     worker = tmp_path / "killed_worker.py"
     worker.write_text(KILLED_WORKER)
     done = _torchrun(str(worker))
