@@ -128,16 +128,16 @@ def markdown_table(rows: dict[str, dict[str, dict[str, Any]]]) -> str:
     head = "| System | " + " | ".join(TITLES.get(t, t) for t in tasks) + " | Average |"
     rule = "|---|" + "---|" * (len(tasks) + 1)
     metric_row = "| (dev metric) | " + " | ".join(METRIC_ABBR.get(metrics[t], metrics[t]) for t in tasks) + " | |"
-    missing = {"best": None, "failed": []}
 
     def score_row(name: str, summary: dict[str, dict[str, Any]]) -> str:
         points = [summary[t]["best"]["score"] * (1 if t == "squad" else 100) for t in tasks
-                  if summary.get(t, missing)["best"]]
+                  if t in summary and summary[t]["best"]]
         avg = f"{statistics.fmean(points):.1f}" if points and len(points) == len(tasks) else "-"
-        return f"| {name} | " + " | ".join(_cell(t, summary.get(t, missing)) for t in tasks) + f" | {avg} |"
+        # "-" where this row ran no trial of the task (the grid gave it none), "failed" where all of them failed
+        return f"| {name} | " + " | ".join(_cell(t, summary[t]) if t in summary else "-" for t in tasks) + f" | {avg} |"
 
     def cfg(summary: dict[str, dict[str, Any]], t: str) -> str:
-        best = summary.get(t, missing)["best"]
+        best = summary[t]["best"] if t in summary else None
         if best is None:
             return "-"
         c = best["config"]

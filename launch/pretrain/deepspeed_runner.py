@@ -7,8 +7,9 @@ a signal has a negative code, so when the out-of-memory killer (or anyone) SIGKI
 exits 0 and a Kubernetes job (the MPIJob, the TrainJob) counts the unfinished run as done. This module
 runs DeepSpeed's own runner (flags, hostfile and launchers unchanged) and, in that case, names the signal
 in one line and exits 128 + its number, as a shell reports it, so the job restarts and `--resume`
-continues from the last checkpoint. A hostfile or flags it refuses (a ValueError) is one line and exit 2,
-a user error, not its traceback. Every other exit is the runner's own.
+continues from the last checkpoint. On one node its local launcher exits 256 - N for a rank killed by
+signal N (247 for SIGKILL); that too becomes one line and 128 + N. A hostfile or resource request the
+runner refuses is one line and exit 2, a user error, not its traceback. Every other exit is the runner's own.
 """
 
 from __future__ import annotations
@@ -39,11 +40,27 @@ class _RecordingSubprocess:
         return process
 
 
+LOCAL_LAUNCHER = "deepspeed.launcher.launch"
+# How DeepSpeed's runner words the hostfile and resource checks it refuses with a ValueError (runner.py).
+REFUSALS = ("Hostfile", "Hostname", "No slot", "include_str", "Cannot specify", "Num nodes")
+
+
+def _argv(args: Any) -> list[str]:
+    return [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+
+
 def _named(args: Any) -> str:
-    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-    if "deepspeed.launcher.launch" in argv:
-        return "DeepSpeed's local launcher (deepspeed.launcher.launch)"
+    argv = _argv(args)
+    if LOCAL_LAUNCHER in argv:
+        return f"DeepSpeed's local launcher ({LOCAL_LAUNCHER})"
     return os.path.basename(argv[0]) if argv else "its launcher"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,26 +72,36 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     recording = _RecordingSubprocess()
     runner.subprocess = recording
+    code = 0
     try:
         runner.main(argv)
     except SystemExit as stop:  # the runner's own exit: a positive code from its child, or a usage error
-        return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
-    except ValueError as err:  # the hostfile or the flags, before anything started: a retry repeats it
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+    except ValueError as err:  # the hostfile or its flags, before anything started: a retry repeats it
+        if not str(err).startswith(REFUSALS):
+            raise
         log.error("deepspeed runner: %s", err)
         return 2
     finally:
         runner.subprocess = subprocess
-    code = recording.started[0].returncode if recording.started else 0
-    if code >= 0:
+    if not recording.started:
         return code
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    # Its ranks may have said more; a SIGKILL is on Linux usually the out-of-memory killer, which `dmesg` names.
-    log.error("%s, started by the deepspeed runner, was killed by %s (exit %d); the run stopped: continue from "
-              "its last checkpoint with --resume", _named(recording.started[0].args), name, exit_code(code))
-    return exit_code(code)
+    started = recording.started[0]
+    child = started.returncode
+    if child < 0:  # the runner exits 0 for it
+        # Its ranks may have said more; a SIGKILL is on Linux usually the out-of-memory killer, which `dmesg` names.
+        log.error("%s, started by the deepspeed runner, was killed by %s (exit %d); the run stopped: continue from "
+                  "its last checkpoint with --resume", _named(started.args), _signal_name(-child), exit_code(child))
+        return exit_code(child)
+    if LOCAL_LAUNCHER in _argv(started.args) and 128 + 64 < child < 256:
+        # The local launcher exits sys.exit(-N) for a rank killed by signal N: the shell reads 256 - N.
+        # (It names the first failed rank its poll finds; its own line above says which.)
+        log.error("a rank under DeepSpeed's local launcher was killed by %s (exit %d); the run stopped: continue from "
+                  "its last checkpoint with --resume", _signal_name(256 - child), 128 + 256 - child)
+        return 128 + 256 - child
+    return code
 
 
 if __name__ == "__main__":

@@ -74,6 +74,14 @@ def test_an_exit_code_of_the_ranks_passes_through(tmp_path) -> None:
     assert "was killed" not in out, out
 
 
+def test_a_rank_killed_under_the_local_launcher_is_named_and_137_not_247(tmp_path) -> None:
+    # The local launcher exits sys.exit(-9) for it, which the shell reads as 247 (the dev TrainJob's path: one node).
+    proc = _runner(*PROGRAM, "sh", "-c", "kill -9 $$")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 137, out
+    assert "a rank under DeepSpeed's local launcher was killed by SIGKILL (exit 137)" in out and "Traceback" not in out
+
+
 def test_a_hostfile_it_refuses_is_one_line_and_a_user_error(tmp_path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-1 slots=8\nnode-1 slots=8\n")
