@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -80,3 +81,21 @@ def quiet_tune(env: dict[str, str]) -> Iterator[None]:
             yield
     finally:
         controller.setLevel(level)
+
+
+def quiet_stop_by_ray() -> None:
+    """In a trial's worker process. Ray stops a worker with SIGTERM, whose handler raises SystemExit; when
+    that lands inside a weakref callback Python cannot raise it and prints "Exception ignored in ...
+    Traceback ... SystemExit: 1", which Ray forwards into the sweep's output (seen once in four runs of a
+    retried trial). Such an exit is let go quietly, as Python lets it go anyway; any other exception
+    that cannot be raised is reported as before."""
+    previous = sys.unraisablehook
+    if getattr(previous, "bertpipe_quiet_stop", False):  # a reused worker: installed already
+        return
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is None or not issubclass(unraisable.exc_type, SystemExit):
+            previous(unraisable)
+
+    hook.bertpipe_quiet_stop = True
+    sys.unraisablehook = hook

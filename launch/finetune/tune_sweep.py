@@ -57,8 +57,7 @@ CONFIG_FILE = "sweep_config.json"
 SWEEP_FILES = (CONFIG_FILE, EXPERIMENT, "trials", "fault_injection", "results.json", "results.md", "sweep.png")
 RECORD = "trial_result.json"  # OUT/trials/<trial>/: a finished trial's settings and metrics
 NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
-# Where or how a trial ran, not what it computed or wrote: a resume with other --cpus-per-trial, another
-# --feature-cache folder (the activations are computed again, the same) or a progress bar keeps its finished trials.
+# How or where a trial ran, not what it computed or wrote: a resume that changes only these keeps finished trials.
 RESOURCE_SETTINGS = frozenset({"threads", "feature_cache", "progress"})
 REFUSED = "bertpipe_refused"  # a trial's report when its input was refused: the one-line reason
 
@@ -233,7 +232,9 @@ def _trainable(config: dict[str, Any]) -> None:
     from ray import tune
 
     from launch.finetune.runner import finetune
+    from launch.finetune.sweep_progress import quiet_stop_by_ray
 
+    quiet_stop_by_ray()
     point = dict(config["point"])
     if config.get("crash_first_attempt") == point["index"]:
         # The marker lives in the sweep's OUT (not the trial dir, which Tune may stage afresh per attempt).

@@ -118,6 +118,24 @@ def test_a_swept_init_gives_each_init_its_own_row_and_best_config():
                                           "bs 32, ep 2, init random": {5e-4: [0.76, 0.77], 1e-3: [0.70, 0.72]}}
 
 
+def test_a_trial_worker_stopped_by_ray_prints_no_traceback_but_other_unraisable_errors_still_show():
+    # Ray's SIGTERM handler raises SystemExit; inside a weakref callback (here: __del__) Python printed
+    # "Exception ignored in ... SystemExit: 1", forwarded into the sweep's output.
+    code = """
+from launch.finetune.sweep_progress import quiet_stop_by_ray
+quiet_stop_by_ray(); quiet_stop_by_ray()
+class StoppedByRay:
+    def __del__(self): raise SystemExit(1)
+class Broken:
+    def __del__(self): raise KeyError("kept")
+StoppedByRay(); Broken()
+print("still running")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "still running\n", done
+    assert "SystemExit" not in done.stderr and "KeyError: 'kept'" in done.stderr, done.stderr
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One embedded Ray for this module's sweeps (run_sweep reuses a running Ray instead of starting one)."""
