@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 from typing import Any
@@ -56,18 +55,11 @@ def _named(args: Any) -> str:
     return os.path.basename(argv[0]) if argv else "its launcher"
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def main(argv: list[str] | None = None) -> int:
     from deepspeed.launcher import runner
 
     from launch.log import setup_logging
-    from launch.pretrain.launcher import exit_code
+    from launch.pretrain.launcher import exit_code, signal_name
 
     setup_logging()
     recording = _RecordingSubprocess()
@@ -89,19 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     if not recording.started:
         return code
     started = recording.started[0]
-    child = started.returncode
-    if child < 0:  # the runner exits 0 for it
-        # Its ranks may have said more; a SIGKILL is on Linux usually the out-of-memory killer, which `dmesg` names.
-        log.error("%s, started by the deepspeed runner, was killed by %s (exit %d); the run stopped: continue from "
-                  "its last checkpoint with --resume", _named(started.args), _signal_name(-child), exit_code(child))
-        return exit_code(child)
+    # Negative when it was killed by a signal, which the runner exits 0 for.
+    child, what = started.returncode, f"{_named(started.args)}, started by the deepspeed runner,"
     if LOCAL_LAUNCHER in _argv(started.args) and 128 + 64 < child < 256:
         # The local launcher exits sys.exit(-N) for a rank killed by signal N: the shell reads 256 - N.
         # (It names the first failed rank its poll finds; its own line above says which.)
-        log.error("a rank under DeepSpeed's local launcher was killed by %s (exit %d); the run stopped: continue from "
-                  "its last checkpoint with --resume", _signal_name(256 - child), 128 + 256 - child)
-        return 128 + 256 - child
-    return code
+        child, what = child - 256, "a rank under DeepSpeed's local launcher"
+    if child >= 0:
+        return code
+    # Its ranks may have said more; a SIGKILL is on Linux usually the out-of-memory killer, which `dmesg` names.
+    log.error("%s was killed by %s (exit %d); the run stopped: continue from its last checkpoint with --resume", what,
+              signal_name(-child), exit_code(child))
+    return exit_code(child)
 
 
 if __name__ == "__main__":

@@ -68,13 +68,17 @@ def report_killed(rank: int, code: int) -> None:
     (a peer gone from a collective) are about it, not the cause."""
     if code >= 0 or -code in STOP_SIGNALS:
         return  # it exited itself, after saying why, or was stopped as asked
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
     why = KILLED_BY.get(-code)
     log.error("worker rank %d was killed by %s (exit %d)%s; the run stopped: continue from its last checkpoint with "
-              "--resume", rank, name, exit_code(code), f": {why}" if why else "")
+              "--resume", rank, signal_name(-code), exit_code(code), f": {why}" if why else "")
+
+
+def signal_name(signum: int) -> str:
+    """SIGKILL for 9; a number without a name as `signal N`."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def free_port() -> int:
