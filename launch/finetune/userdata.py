@@ -148,9 +148,9 @@ def check_scores(train: list[tuple[int, TextExample]], dev: list[tuple[int, Text
     correlations, Pearson and Spearman, are undefined and every run would score 0)."""
     for split, rows, why in (("train", train, "there is nothing to learn"),
                              ("dev", dev, "Pearson and Spearman correlation are undefined on it")):
-        values = sorted({float(ex.label) for _, ex in rows})
         if not rows:
             raise DataError(f"{paths[split]}: no examples")
+        values = sorted({float(ex.label) for _, ex in rows})
         if len(values) < 2:
             raise DataError(f"{paths[split]}: regress needs scores that vary in column {column!r}, found "
                             f"{len(rows)} example(s) scored {values}: {why}")
