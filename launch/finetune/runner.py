@@ -130,6 +130,8 @@ class Finetuner:
         for name, examples in [("training", self.data.train)] + [(s.name, s.examples) for s in self.data.evals]:
             if not examples:  # else the run trains, then fails scoring nothing
                 raise DataError(f"{self.task.name}: the {name} split in {data_dir} holds no examples")
+        if getattr(self.task, "regression", False):
+            self._check_scores_vary(data_dir)
         t0 = time.perf_counter()
         self.train_feats = self.task.featurize(self.data.train, self.tokenizer, cfg, self.data, training=True)
         if not self.train_feats:  # e.g. every SQuAD answer off its offset (warned above): 0 steps, exit 0
@@ -141,6 +143,20 @@ class Finetuner:
                     len(self.data.train), len(self.train_feats),
                     ", ".join(f"{s.name}={len(s.examples)}" for s in self.data.evals), time.perf_counter() - t0)
         self.load_model()
+
+    def _check_scores_vary(self, data_dir: Path) -> None:
+        """A regression split whose scores are all equal: nothing to learn (train), or Pearson and
+        Spearman undefined so every run scores 0 (dev). The user files are checked whole on reading
+        (`userdata.check_scores`); this catches the subset --max-*-samples took, and GLUE's STS-B."""
+        cfg = self.cfg
+        splits = [("training", self.data.train, "--max-train-samples", cfg.max_train_samples)]
+        splits += [(s.name, s.examples, "--max-eval-samples", cfg.max_eval_samples) for s in self.data.evals if s.labelled]
+        for name, examples, flag, n in splits:
+            scores = sorted({float(ex.label) for ex in examples})
+            if len(scores) < 2:
+                where, fix = (f" (the {n} {flag} kept)", f"raise {flag}") if n is not None else ("", "fix the data")
+                raise DataError(f"{self.task.name}: all {len(examples)} example(s) of the {name} split in {data_dir}"
+                                f"{where} score {scores[0]:g}; regression needs scores that vary: {fix}")
 
     def load_model(self) -> None:
         """The task model of the paper's Figure 4 from the checkpoint (the feature-based run replaces this)."""

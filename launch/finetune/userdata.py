@@ -142,20 +142,6 @@ def check_labels(examples: list[tuple[int, TextExample]], labels: tuple[str, ...
             raise DataError(f"{path}:{line}: unknown label {ex.label!r}; the training data's labels are {list(labels)}")
 
 
-def check_scores(train: list[tuple[int, TextExample]], dev: list[tuple[int, TextExample]], paths: dict[str, Path],
-                 column: str) -> None:
-    """regress: scores that vary, in train (else there is nothing to learn) and in dev (else the dev
-    correlations, Pearson and Spearman, are undefined and every run would score 0)."""
-    for split, rows, why in (("train", train, "there is nothing to learn"),
-                             ("dev", dev, "Pearson and Spearman correlation are undefined on it")):
-        if not rows:
-            raise DataError(f"{paths[split]}: no examples")
-        values = sorted({float(ex.label) for _, ex in rows})
-        if len(values) < 2:
-            raise DataError(f"{paths[split]}: regress needs scores that vary in column {column!r}, found "
-                            f"{len(rows)} example(s) scored {values}: {why}")
-
-
 def _as_list(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else str(value).split()
 

@@ -169,18 +169,6 @@ def test_user_regress_needs_numbers(tmp_path):
     assert rows[0][1].label == 2.0
 
 
-def test_user_regress_needs_scores_that_vary(tmp_path):
-    # One score throughout: nothing to learn in train; in dev every run's Pearson and Spearman read 0.0
-    (tmp_path / "train.tsv").write_text("text\tscore\nfine\t1.5\ngood\t3\n")
-    (tmp_path / "dev.tsv").write_text("text\tscore\nok\t2\nmeh\t2.0\n")
-    with pytest.raises(DataError, match=r"dev.tsv: regress needs scores that vary in column 'score', found 2 "
-                                        r"example\(s\) scored \[2.0\]: Pearson and Spearman correlation are undefined"):
-        load("regress", tmp_path, label_column="score")
-    (tmp_path / "train.tsv").write_text("text\tscore\nfine\t1.5\n")
-    with pytest.raises(DataError, match=r"train.tsv: regress needs scores .* there is nothing to learn"):
-        load("regress", tmp_path, label_column="score")
-
-
 @pytest.mark.parametrize("json_value, raw", [("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-Infinity"),
                                              ('"nan"', "NaN")])
 def test_a_score_that_is_not_finite_is_malformed_not_read(tmp_path, json_value, raw):

@@ -238,6 +238,32 @@ def test_empty_dev_split_is_refused_before_training(tiny_checkpoint, tmp_path):
         Finetuner(cfg).prepare()
 
 
+def test_regression_scores_that_do_not_vary_are_refused_after_subsetting(tiny_checkpoint, tmp_path):
+    # One score throughout: nothing to learn in train; in dev every run's Pearson and Spearman read 0.0.
+    # Checked after --max-*-samples took its subset, so a one-example STS-B dev is caught too.
+    from dataclasses import replace
+
+    from launch.finetune.examples import DataError
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "train.tsv").write_text("text\tscore\nfine\t1.5\ngood\t3\n")
+    (user / "dev.tsv").write_text("text\tscore\nok\t2\nmeh\t2.0\n")
+    cfg = replace(_cfg(tiny_checkpoint, tmp_path / "o", 1), task="regress", data_dir=str(user), label_column="score",
+                  max_train_samples=None, max_eval_samples=None)
+    with pytest.raises(DataError, match=r"regress: all 2 example\(s\) of the dev split in .*user score 2; "
+                                        r"regression needs scores that vary: fix the data"):
+        Finetuner(cfg).prepare()
+    (user / "train.tsv").write_text("text\tscore\nfine\t1.5\n")
+    with pytest.raises(DataError, match=r"all 1 example\(s\) of the training split .* score 1.5"):
+        Finetuner(cfg).prepare()
+    cfg = replace(_cfg(tiny_checkpoint, tmp_path / "o2", 1), task="stsb", max_eval_samples=1)
+    with pytest.raises(DataError, match=r"stsb: all 1 example\(s\) of the dev split in .* \(the 1 "
+                                        r"--max-eval-samples kept\) score .*: raise --max-eval-samples"):
+        Finetuner(cfg).prepare()
+    Finetuner(replace(cfg, max_eval_samples=8)).prepare()
+
+
 def test_test_file_is_predicted_whole_and_a_malformed_test_line_refused(tiny_checkpoint, tmp_path):
     from dataclasses import replace
 
