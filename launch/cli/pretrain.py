@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train_here(cfg, args: argparse.Namespace) -> int:
-    from launch.pretrain.checkpoints import ReportedByRankZero, StoppedTogether
+    from launch.pretrain.process_group import ReportedByRankZero, StoppedTogether
     from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
     from launch.pretrain.trainer import Trainer
 

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,47 +42,6 @@ from pipeline.atomic_write import write_text_atomic
 from pipeline.manifest import sha256_file
 
 log = logging.getLogger(__name__)
-
-
-class StoppedTogether(ValueError):
-    """A user error that every rank of the group stops with (`on_rank0`'s): none of them is left inside a
-    collective, so each can leave the group before it exits. Rank 0 reports it."""
-
-
-class ReportedByRankZero(StoppedTogether):
-    """The same user error as rank 0's, which reports it: other ranks exit with it quietly."""
-
-
-def stopped_together(message: str) -> StoppedTogether:
-    """The error of a user error that every rank meets at the same point: rank 0 says it, the others stop
-    quietly, and all can leave the group."""
-    return (StoppedTogether if dist.get_rank() == 0 else ReportedByRankZero)(message)
-
-
-class RankZeroFailed(dist.DistError):
-    """Rank 0 met a fault (not a user error) in `on_rank0`: the other ranks stop with it (exit 4, a lost
-    peer's) rather than wait for rank 0 in their next collective, which under NCCL lasts its timeout."""
-
-
-def on_rank0(fn: Callable[[], Any]) -> Any:
-    """`fn()` on rank 0 alone (a check that reads every file, an export or a conversion that must not
-    run twice); its result, or its error, reaches every rank, so that all stop together."""
-    box = [None, None, None]
-    if dist.get_rank() == 0:
-        try:
-            box[0] = fn()
-        except ValueError as err:
-            box[1] = str(err)
-        except Exception as err:
-            box[2] = f"{type(err).__name__}: {err}"
-            dist.broadcast_object_list(box, src=0)
-            raise  # with its traceback, here
-    dist.broadcast_object_list(box, src=0)
-    if box[2] is not None:
-        raise RankZeroFailed(f"rank 0 failed in a step it took for every rank ({box[2]})")
-    if box[1] is not None:
-        raise stopped_together(box[1])
-    return box[0]
 
 
 def rng_state() -> dict[str, Any]:

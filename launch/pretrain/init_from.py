@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from launch.checkpoint_dirs import resolve_checkpoint
-from launch.pretrain.checkpoints import on_rank0
+from launch.pretrain.process_group import on_rank0
 from pipeline.manifest import sha256_file
 
 log = logging.getLogger(__name__)

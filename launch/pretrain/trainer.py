@@ -8,12 +8,10 @@ LOCAL_RANK / MASTER_ADDR / MASTER_PORT environment (set here for a lone process)
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import signal
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +20,15 @@ import torch.distributed as dist
 
 from launch.config import save_config, to_dict
 from launch.checkpoint_dirs import RUN_FILES, RUN_MARKER, is_run_dir, read_meta, select_checkpoint
-from launch.pretrain.checkpoints import (convert_to_universal, load_rng, on_rank0, save as save_checkpoint,
-                                         stopped_together)
+from launch.pretrain.checkpoints import convert_to_universal, load_rng, save as save_checkpoint
+from launch.pretrain.process_group import init_distributed, on_rank0, same_on_every_rank, stopped_together
 from launch.pretrain.hf_export import safe_deepspeed_loads
 from launch.pretrain.init_from import load_init_from
 from launch.pretrain.pretrain_config import PretrainConfig
 from launch.pretrain.preflight import preflight
 from launch.pretrain.deepspeed_config import deepspeed_config, write_deepspeed_config
 from launch.pretrain.fast_step import UpdateSkipper, compile_blocks, compile_enabled, to_device
-from launch.log import launcher_world_size
-from launch.pretrain.launcher import STOP_SIGNALS, free_port
+from launch.pretrain.launcher import STOP_SIGNALS
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import apply_after_load, build_scheduler
@@ -41,45 +38,9 @@ from pipeline.masking import derive_seed
 from pipeline.output_lock import mark_output, refuse_others_files
 
 log = logging.getLogger(__name__)
-# Collective timeout (minutes) unless DEEPSPEED_TIMEOUT sets one; see init_distributed.
-DIST_TIMEOUT_MINUTES = 60
-
 # Settings a resumed run must share with the checkpoint, or the sample sequence / model differ.
 _RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_masking", "model", "optim.name",
                       "zero.stage", "precision.dtype")  # the last two: DeepSpeed's state files differ
-
-
-def init_distributed() -> None:
-    """Join the process group the launcher describes (a lone process makes a group of one)."""
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
-    # torch 2.13 warns on every collective DeepSpeed makes with the older names; once is plenty.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
-    # DeepSpeed's barriers name no device; NCCL's warns that it takes the current one, which the trainer sets.
-    warnings.filterwarnings("ignore", message=r"barrier\(\): using the device under current context")
-    # Under mpirun (Kubeflow TrainJob/MPIJob, `deepspeed --launcher openmpi`) RANK is unset at start-up:
-    # DeepSpeed discovers the ranks from MPI itself, so only a truly lone process gets a group of one.
-    if "RANK" not in os.environ and launcher_world_size() is None:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
-    if not dist.is_initialized():
-        backend = "nccl" if get_accelerator().device_name() == "cuda" else "gloo"
-        if backend == "gloo":
-            # On CPU DeepSpeed JIT-compiles a shared-memory all-reduce op as it joins the group, for
-            # `inference_all_reduce`, which only its inference engine calls; training's collectives go
-            # through gloo. The op cost a minute of C++ build on a fresh machine (and a compiler), 66 MB of
-            # /dev/shm a rank that DeepSpeed never unlinked, and, when a run was killed mid-build, a lock
-            # on which every later run waited in silence. Marked unavailable, DeepSpeed does without it, and
-            # a bertpipe run builds no DeepSpeed op at all (its optimizers are its own, offload included).
-            from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-            deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
-        # The other ranks wait in a collective while rank 0 hashes the corpus (preflight, every launch):
-        # tens of GiB over network storage outlast DeepSpeed's 10-minute default, and a restarted job
-        # would time out the same way each time. DEEPSPEED_TIMEOUT (minutes) still sets it.
-        minutes = int(os.environ.get("DEEPSPEED_TIMEOUT", DIST_TIMEOUT_MINUTES))
-        deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=minutes))
 
 
 def _dotted(tree: dict[str, Any], key: str) -> Any:
@@ -114,7 +75,9 @@ class Trainer:
         self.device = torch.device(accel.device_name(int(os.environ.get("LOCAL_RANK", 0))))
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        corpus = self.corpus = open_corpus(self.data_dir)  # read and validated once per process
+        corpus = self.corpus = same_on_every_rank(  # read and validated once per process; a node may hold a stale copy
+            lambda: open_corpus(self.data_dir), lambda c: c.data_sha256, f"--data {self.data_dir}", "read different "
+            "corpora (shards, vocabulary or masking settings); give every node a byte-identical copy")
         manifest = self.manifest = corpus.manifest
         self.manifest_sha256 = corpus.manifest_sha256
         self.vocab_file = corpus.vocab_file

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging()  # before DeepSpeed is imported (below): what it logs at import goes through our filter
     from launch.errors import CliError, raised_by_bertpipe
-    from launch.pretrain.checkpoints import ReportedByRankZero, StoppedTogether
+    from launch.pretrain.process_group import ReportedByRankZero, StoppedTogether
     from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
 
     try:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from deepspeed.utils import safe_get_full_fp32_param
 
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, param_groups
-from launch.pretrain.trainer import init_distributed
+from launch.pretrain.process_group import init_distributed
 from model import BertConfig, BertForPreTraining
 
 STEPS, BATCH, SEQ, PRED = 3, 8, 16, 3

@@ -143,16 +143,16 @@ def test_the_process_group_waits_out_rank_zeros_corpus_check(monkeypatch):
     import deepspeed
     import torch.distributed as dist
 
-    from launch.pretrain import trainer
+    from launch.pretrain import process_group
 
     seen = []
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: seen.append(kw["timeout"]))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("DEEPSPEED_TIMEOUT", raising=False)
-    trainer.init_distributed()
+    process_group.init_distributed()
     monkeypatch.setenv("DEEPSPEED_TIMEOUT", "5")
-    trainer.init_distributed()
+    process_group.init_distributed()
     assert seen == [datetime.timedelta(minutes=60), datetime.timedelta(minutes=5)]
 
 
@@ -233,7 +233,7 @@ except Exception:
 ON_RANK0_FAULT_WORKER = """
 import os
 import torch.distributed as dist
-from launch.pretrain.checkpoints import RankZeroFailed, on_rank0
+from launch.pretrain.process_group import RankZeroFailed, on_rank0
 dist.init_process_group("gloo")
 try:
     on_rank0(lambda: {}["config"])

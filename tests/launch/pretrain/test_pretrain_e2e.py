@@ -456,6 +456,37 @@ def test_under_a_launcher_rank_0_alone_hashes_the_shards_and_names_a_damaged_one
     assert output.count(f"shard {shard} is damaged") == 1, output[-4000:]
 
 
+def test_ranks_reading_different_corpora_stop_together_naming_the_rank_and_its_data(small_corpus, tmp_path):
+    # Two nodes, each with its own copy of the corpus at its own path: rank 1's is stale (built with another
+    # masking rate). Before, each rank trained on its own corpus without a word; a missing copy left rank 0
+    # to fail on a lost peer (exit 4) while rank 1 alone said why.
+    from launch.pretrain.launcher import free_port
+
+    stale = tmp_path / "stale"
+    shutil.copytree(small_corpus, stale)
+    manifest = json.loads((stale / "manifest.json").read_text())
+    (stale / "manifest.json").write_text(json.dumps(dict(manifest, masked_lm_prob=0.2)))
+
+    def two_nodes(data_1: Path, out: Path) -> list[tuple[int, str]]:
+        env = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(free_port()))
+        procs = [subprocess.Popen([sys.executable, "-m", "launch.pretrain", "--config", "tiny", "--data", str(data),
+                                   "--out", str(out), "--max-steps", "2"], env=dict(env, RANK=str(r), LOCAL_RANK="0"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r, data in enumerate([small_corpus, data_1])]
+        return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+
+    (code0, out0), (code1, out1) = two_nodes(stale, tmp_path / "run")
+    assert (code0, code1) == (2, 2), out0 + out1
+    assert f"rank 1 on {os.uname().nodename} (--data {stale}) and rank 0 on {os.uname().nodename} (--data " \
+           f"{small_corpus}) read different corpora" in out0, out0
+    assert "Traceback" not in out0 + out1 and "different corpora" not in out1  # rank 0 says it, once
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    (code0, out0), (code1, out1) = two_nodes(tmp_path / "missing", tmp_path / "run2")
+    assert (code0, code1) == (2, 2), out0 + out1
+    assert f"rank 1 on {os.uname().nodename}: {tmp_path / 'missing'} has no manifest.json" in out0, out0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_nonfinite_losses_are_skipped_counted_then_stop_the_run(small_corpus, tmp_path, nproc):
