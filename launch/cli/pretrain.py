@@ -33,8 +33,7 @@ from pathlib import Path
 from launch.errors import CliError
 from launch.log import launcher_world_size, setup_logging
 from launch.pretrain.worker import (add_arguments as add_worker_arguments, exit_if_in_group, in_group_with_peers,
-                                    leave_if_alone, leave_process_group, load_run_config, report_fault,
-                                    run_dir_lock)
+                                    load_run_config, report_fault, run_dir_lock, train_and_report)
 from pipeline.output_lock import OutputLocked
 
 USAGE = "bertpipe pretrain --data CORPUS --out RUN [--config PRESET|FILE.yaml] [--nproc N] [--resume] [--KEY VALUE ...]"
@@ -107,28 +106,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train_here(cfg, args: argparse.Namespace) -> int:
-    from launch.pretrain.process_group import ReportedByRankZero, StoppedTogether
-    from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
     from launch.pretrain.trainer import Trainer
 
-    try:
-        trainer = Trainer(cfg, data_dir=args.data, run_dir=args.out, resume=args.resume)
-        trainer.setup()
-        rc = trainer.train()
-        leave_process_group()
-        return rc
-    except ReportedByRankZero:  # under a launcher: rank 0 says it, once
-        leave_process_group()
-        return 2
-    except ValueError as err:
-        if isinstance(err, StoppedTogether):  # every rank stops with it
-            leave_process_group()
-        raise CliError(str(err)) from None
-    except NonFiniteLossError as err:  # as a launched worker exits (launch/pretrain/worker.py)
-        print(f"bertpipe pretrain: error: {err}", file=sys.stderr)
-        return DIVERGED_EXIT
-    finally:
-        leave_if_alone()
+    return train_and_report(lambda: Trainer(cfg, data_dir=args.data, run_dir=args.out, resume=args.resume),
+                            lambda message: print(f"bertpipe pretrain: error: {message}", file=sys.stderr))
 
 
 def _launch_workers(cfg, args: argparse.Namespace, nproc: int) -> int:

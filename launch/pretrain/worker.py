@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
 from launch.log import global_rank, setup_logging
@@ -152,20 +153,18 @@ def lost_peer_message(err: BaseException) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    setup_logging()  # before DeepSpeed is imported (below): what it logs at import goes through our filter
+def train_and_report(make_trainer: Callable[[], Any], report: Callable[[str], None]) -> int:
+    """Set up and train, then end as every rank must: a user error (exit 2) or a diverged run said through
+    `report` (a log line for a launched worker, `bertpipe pretrain: error:` for the CLI), rank 0 alone saying
+    what every rank stopped with, and the group left wherever all ranks agree. Faults propagate."""
     from launch.errors import CliError, raised_by_bertpipe
-    from launch.pretrain.process_group import ReportedByRankZero, StoppedTogether
     from launch.pretrain.fast_step import DIVERGED_EXIT, NonFiniteLossError
+    from launch.pretrain.process_group import ReportedByRankZero, StoppedTogether
 
     try:
-        with run_dir_lock(args.out):
-            trainer = build_trainer(args)
-            trainer.setup()
-            rc = trainer.train()
+        trainer = make_trainer()
+        trainer.setup()
+        rc = trainer.train()
         leave_process_group()
         return rc
     except ReportedByRankZero:  # rank 0 says it, once
@@ -174,20 +173,30 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, CliError) as err:  # a user error: the message says what to change
         if not (isinstance(err, CliError) or raised_by_bertpipe(err)):
             raise  # a library's own ValueError: a fault (exit 1, retried under Kubernetes), with its traceback
-        log.error("%s", err)
+        report(str(err))
         if isinstance(err, StoppedTogether):  # every rank stops with it
             leave_process_group()
         return 2
     except NonFiniteLossError as err:
-        log.error("%s", err)
+        report(str(err))
         return DIVERGED_EXIT
+    finally:
+        leave_if_alone()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="launch.pretrain", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    setup_logging()  # before DeepSpeed is imported (below): what it logs at import goes through our filter
+    try:
+        with run_dir_lock(args.out):
+            return train_and_report(lambda: build_trainer(args), lambda message: log.error("%s", message))
     except Exception as err:  # noqa: BLE001 - a full disk or a lost peer becomes one line; anything else re-raises
         code = report_fault(err, args.out)
         if code is None:
             raise
         return code
-    finally:
-        leave_if_alone()
 
 
 def first_to_report(what: str) -> bool:

@@ -105,9 +105,7 @@ def test_a_finished_lone_run_leaves_its_process_group(small_corpus, tmp_path, mo
     # Nor when its own error ends it, after the group was made: a lone run exiting with its gloo group open
     # was seen to abort after its one-line error (exit -6, "terminate called without an active exception").
     resume = [*argv[:-6], "--resume", "--zero.stage", "2"]
-    with pytest.raises(SystemExit) as refused:
-        cli.main(resume)
-    assert refused.value.code == 2
+    assert cli.main(resume) == 2
     assert "zero.stage differs from the checkpoint's" in capsys.readouterr().err
     assert not dist.is_initialized()
 
