@@ -258,7 +258,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         lowercase = _lowercase(config, vocab_text)
         vocab_ids = _vocab_ids(vocab_text, config.vocab, lowercase)
     out = config.out.rstrip("/")
-    clear_previous_output(out, config.vocab, vocab_text if config.vocab is not None else None)
+    users_vocab = clear_previous_output(out, config.vocab, vocab_text if config.vocab is not None else None)
     if not FileSystems.exists(out):
         FileSystems.mkdirs(out)
     tmp = FileSystems.join(out, TMP)
@@ -323,6 +323,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         "vocab_file": "vocab.txt",
         "vocab_sha256": hashlib.sha256(vocab_text.encode("utf-8")).hexdigest(),
         "vocab_size": len(tokens),
+        "vocab_is_users": users_vocab,  # --vocab OUT/vocab.txt: the user's file, never deleted with this corpus
         "shard_format": config.shard_format,
         "num_instances": sum(s["num_instances"] for s in shard_infos),
         "shards": shard_infos,

@@ -9,6 +9,7 @@ run's word counts and shard list in the temp folder) to be read as part of the n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -75,11 +76,15 @@ def previous_manifest(path: str) -> dict:
     return manifest if isinstance(manifest, dict) else {}
 
 
-def _built_with(manifest: str, vocab: str) -> bool:
-    """Whether the corpus whose manifest is `manifest` was built with `--vocab` naming the file `vocab`."""
-    config = previous_manifest(manifest).get("config")
+def _vocab_is_users(manifest: dict, own_vocab: str) -> bool:
+    """Whether the earlier corpus (`manifest`) was built with `--vocab OUT/vocab.txt`, a file it did not
+    write. Recorded since `vocab_is_users`; before, only the --vocab path as typed, which a relative path
+    run from another directory no longer names (the user's file was then deleted with the old corpus)."""
+    if "vocab_is_users" in manifest:
+        return manifest["vocab_is_users"] is True
+    config = manifest.get("config")
     source = config.get("vocab") if isinstance(config, dict) else None
-    return isinstance(source, str) and same_file(vocab, source)
+    return isinstance(source, str) and same_file(own_vocab, source)
 
 
 def _read_bytes(path: str) -> bytes:
@@ -87,28 +92,36 @@ def _read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | None) -> None:
+def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | None) -> bool:
     """Remove an earlier corpus's files from `out` (a rerun with fewer shards must not leave stale ones),
     but only where bertpipe provably wrote them: `out` holds our manifest or our unfinished-job folder.
-    Anything else under a name the corpus writes (a vocab.txt of the user's) is refused, not overwritten."""
+    Anything else under a name the corpus writes (a vocab.txt of the user's) is refused, not overwritten.
+    Returns whether `OUT/vocab.txt` is the user's (`--vocab OUT/vocab.txt`, a file no corpus of ours
+    wrote), for the new manifest to record."""
     entries = _entries(out)
     names = [n for n in entries if n.endswith((".arrow", ".parquet")) and "-of-" in n or n in OWN_NAMES]
     own_vocab = FileSystems.join(out, "vocab.txt")
-    manifest = FileSystems.join(out, "manifest.json")
+    earlier = previous_manifest(FileSystems.join(out, "manifest.json"))
+    ours = TMP in entries or earlier.get("format") == FORMAT
+    users_vocab = False
     if vocab_source and "vocab.txt" in names and same_file(own_vocab, vocab_source):
         # `--vocab OUT/vocab.txt`: kept as it is, so it must already be what the corpus would write.
         if _read_bytes(own_vocab) != vocab_text.encode("utf-8"):
             raise ValueError(f"--vocab {vocab_source} is --out's own vocab.txt, and the corpus would rewrite it "
                              "(it has a byte-order mark or CRLF line ends): pass a copy outside --out")
         names.remove("vocab.txt")
-    elif "vocab.txt" in names and _built_with(manifest, own_vocab):
+        # The user's, unless the earlier corpus of ours wrote these very bytes (a trained vocab reused).
+        written_by_us = (ours and not _vocab_is_users(earlier, own_vocab)
+                         and earlier.get("vocab_sha256") == hashlib.sha256(vocab_text.encode("utf-8")).hexdigest())
+        users_vocab = not written_by_us
+    elif "vocab.txt" in names and _vocab_is_users(earlier, own_vocab):
         # The earlier corpus was built with `--vocab OUT/vocab.txt`: the user's file, never ours to delete.
         raise ValueError(f"--out {out} holds the vocab.txt its earlier corpus was built with (--vocab {own_vocab}), "
                          f"which bertpipe did not write: pass --vocab {own_vocab} to build with it again, "
                          "or choose another --out")
     if not names:
-        return
-    if not (TMP in entries or previous_manifest(manifest).get("format") == FORMAT):
+        return users_vocab
+    if not ours:
         raise ValueError(f"--out {out} holds {', '.join(sorted(names)[:3])}{' ...' if len(names) > 3 else ''}, "
                          "which bertpipe did not write (no bertpipe manifest.json): choose another --out")
     for name in names:
@@ -116,6 +129,7 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
             FileSystems.delete(entries[name])
         else:
             delete_tree(os.path.join(out, name))
+    return users_vocab
 
 
 def outside(files: list[str], out: str) -> list[str]:

@@ -279,6 +279,33 @@ def test_corpus_never_overwrites_a_vocab_txt_it_did_not_write(tmp_path, data_dir
     assert (out / "vocab.txt").read_bytes() == "\ufeff".encode() + bert_vocab
 
 
+def test_the_users_vocab_txt_in_out_is_kept_when_the_rerun_starts_elsewhere(tmp_path, data_dir, capsys, monkeypatch):
+    # The manifest kept --vocab as typed: "corp/vocab.txt", built from tmp_path, named nothing from tmp_path/sub,
+    # and the rerun there deleted the user's file with the old corpus. Now the manifest records whose it is.
+    out = tmp_path / "corp"
+    out.mkdir()
+    mine = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text(encoding="utf-8") + "mycustomtoken\n"
+    (out / "vocab.txt").write_text(mine, encoding="utf-8")
+    book = str(data_dir / "books" / "persuasion.txt")
+    common = ["--seq-len", "64", "--dupe-factor", "1", "--progress-seconds", "0"]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["corpus", "--input", book, "--vocab", "corp/vocab.txt", "--out", "corp", *common]) == 0
+    assert json.loads((out / "manifest.json").read_text())["vocab_is_users"] is True
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    err = _fails(["corpus", "--input", book, "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+                  "--out", "../corp", *common], capsys)
+    assert "holds the vocab.txt its earlier corpus was built with" in err
+    assert (out / "vocab.txt").read_text(encoding="utf-8") == mine
+    # A vocabulary bertpipe trained there, then passed back as --vocab OUT/vocab.txt, stays bertpipe's to replace.
+    trained = tmp_path / "trained"
+    assert cli.main(["corpus", "--input", book, "--train-vocab-size", "500", "--out", str(trained), *common]) == 0
+    assert cli.main(["corpus", "--input", book, "--vocab", str(trained / "vocab.txt"), "--out", str(trained),
+                     *common]) == 0
+    assert json.loads((trained / "manifest.json").read_text())["vocab_is_users"] is False
+    assert cli.main(["corpus", "--input", book, "--train-vocab-size", "400", "--out", str(trained), *common]) == 0
+
+
 def test_every_special_token_is_checked_before_the_previous_corpus_is_cleared(tmp_path, data_dir, capsys):
     # A vocab without [PAD] or [UNK] used to pass the check, cost the previous corpus, then fail
     # inside a Beam worker with a traceback that did not name the file.
