@@ -171,10 +171,11 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: 
         elif base_origin in (list, tuple) or base in (list, tuple):
             # A list of text (file names, globs) stays text: as YAML, `*.txt` was an alias, `notes #1.txt`
             # lost its `#1.txt` as a comment and `Ali: Fear.txt` became a mapping.
+            # Given twice (`--input a --input b`), the lists add up: the second used to replace the first.
             item = (typing.get_args(base) or (None,))[0]
-            kwargs.update(nargs="+", type=str if item is str else _yaml_value, metavar="VALUE")
+            kwargs.update(nargs="+", type=str if item is str else _yaml_value, metavar="VALUE", action="extend")
         elif base_origin is dict or base is dict:
-            kwargs.update(nargs="+", type=_mapping_item, metavar="KEY=VALUE")
+            kwargs.update(nargs="+", type=_mapping_item, metavar="KEY=VALUE", action="extend")
         else:
             # Text stays text (`--text-field yes` is "yes", not true); numbers are read as YAML.
             convert = (_text_or_null if optional else str) if base is str else _yaml_value

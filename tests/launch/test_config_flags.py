@@ -49,6 +49,14 @@ def test_a_list_of_text_takes_file_names_as_they_are():
     assert config_from_args(_parse(["--files", *names])[1], Outer).files == names
 
 
+def test_a_list_flag_given_twice_adds_up():
+    # `--input wiki --input books` read only the books: the second list replaced the first.
+    cfg = config_from_args(_parse(["--files", "a", "b", "--files", "c", "--inner.extra", "x=1", "--inner.extra", "y=2"])[1],
+                           Outer)
+    assert cfg.files == ["a", "b", "c"] and cfg.inner.extra == {"x": 1, "y": 2}
+    assert config_from_args(_parse([])[1], Outer).files == []
+
+
 def test_field_docs_from_comments_and_docstring():
     assert field_docs(Outer)["count"] == "how many; null = all"
     assert field_docs(Inner)["rate"] == "how fast it goes (two lines)."
