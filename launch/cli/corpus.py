@@ -18,6 +18,8 @@ Beam option passes through unchanged, e.g.
 from __future__ import annotations
 
 import argparse
+import difflib
+import functools
 import logging
 import types
 
@@ -44,6 +46,9 @@ def _parse_with_beam_args(self, args=None, namespace=None):
             errors.append(arg)
         elif name.replace("_", "-") in ours:  # --seq_len=64: Beam would drop it with a warning, and 128 be used
             self.error(f"{name} is spelled {name.replace('_', '-')} (config keys become dashed flags)")
+        elif name[2:] not in _beam_option_names() and difflib.get_close_matches(name, ours, n=1, cutoff=0.8):
+            # --seqlen=64: not Beam's either, which would drop it with a warning, and the default be used
+            self.error(f"unrecognized argument {arg}: did you mean {difflib.get_close_matches(name, ours, n=1, cutoff=0.8)[0]}?")
         else:
             beam_args.append(arg)
             # `--flag value` form: keep the value with its flag.
@@ -55,6 +60,14 @@ def _parse_with_beam_args(self, args=None, namespace=None):
         self.error(f"unrecognized arguments: {' '.join(errors)} (Beam options are spelled --like_this)")
     ns.beam_args = beam_args
     return ns
+
+
+@functools.cache
+def _beam_option_names() -> frozenset[str]:
+    """What Beam's Python SDK knows (`--flink_master`, `--project`, ...); a runner may take more."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return frozenset(PipelineOptions([]).get_all_options())
 
 
 # Past this share of the text in sentences too long for --seq-len, the summary warns.

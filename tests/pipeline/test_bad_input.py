@@ -205,7 +205,10 @@ def test_beam_options_pass_through(capsys):
     assert local["runner"] == "FnApiRunner" and local["direct_running_mode"] == "multi_processing"
     base = ["corpus", "--input", "x", "--vocab", "v", "--out", "o"]
     assert "a Beam option takes its value as --flink_master=h:1" in _fails([*base, "--flink_master", "h:1"], capsys)
-    assert "--seqlen is not a flag of bertpipe corpus (`--help` lists them)" in _fails([*base, "--seqlen", "64"], capsys)
+    assert "--seqlx is not a flag of bertpipe corpus (`--help` lists them)" in _fails([*base, "--seqlx", "64"], capsys)
+    # Close to a flag of ours and not Beam's: Beam dropped --seqlen=64 with a warning, and seq len 128 was used
+    assert "unrecognized argument --seqlen=64: did you mean --seq-len?" in _fails([*base, "--seqlen=64"], capsys)
+    assert "unrecognized argument --dupefactor: did you mean --dupe-factor?" in _fails([*base, "--dupefactor", "1"], capsys)
     # a config key spelt as Beam spells its options: Beam dropped it with a warning, and seq len 128 was used
     assert "--seq_len is spelled --seq-len" in _fails([*base, "--seq_len=64"], capsys)
 
