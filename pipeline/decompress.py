@@ -30,6 +30,13 @@ class CorruptStream(Exception):
         self.truncated = truncated
 
 
+class TrailingBytes(CorruptStream):
+    """Bytes after the last complete member that are not another member: the text is all there."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, truncated=True)
+
+
 # Archive formats we do not decode, by magic bytes: read as text they were skipped as "binary".
 _UNSUPPORTED = {b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z",
                 b"\x04\x22\x4d\x18": "lz4"}
@@ -43,31 +50,48 @@ def unsupported_compression(head: bytes) -> str | None:
 def decompressed_chunks(raw: BinaryIO) -> Iterator[bytes]:
     """Uncompressed bytes of `raw`, sniffing bz2/gzip/xz; raises `CorruptStream` on damage at the end."""
     head = raw.read(CHUNK)
-    if head.startswith(b"BZh"):
-        make = bz2.BZ2Decompressor
-    elif head.startswith(b"\x1f\x8b"):
-        make = lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)  # noqa: E731  (gzip member)
-    elif head.startswith(b"\xfd7zXZ\x00"):
-        make = lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)  # noqa: E731  (one xz stream)
-    else:
+    magic = next((m for m in _MAKERS if head.startswith(m)), None)
+    if magic is None:
         while head:
             yield head
             head = raw.read(CHUNK)
         return
-    yield from _coalesced(_decoded(raw, head, make))
+    yield from _coalesced(_decoded(raw, head, magic))
 
 
-def _decoded(raw: BinaryIO, data: bytes, make) -> Iterator[bytes]:
-    decomp = make()
+# Magic bytes -> a decoder of one member (gzip) or stream (bz2, xz).
+_MAKERS = {b"BZh": bz2.BZ2Decompressor, b"\x1f\x8b": lambda: zlib.decompressobj(16 + zlib.MAX_WBITS),
+           b"\xfd7zXZ\x00": lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)}
+
+
+def _after_member(raw: BinaryIO, data: bytes, magic: bytes) -> bytes:
+    """What follows a complete member: the next member's bytes, or b"" at the end of the file. Zero bytes
+    between or after members are skipped (xz's stream padding; tape blocks, which gzip also ignores);
+    anything else there is not the file's text: raised as `TrailingBytes`, after the text of the members
+    whose checksums passed."""
+    while True:
+        data = data or raw.read(CHUNK)
+        stripped = data.lstrip(b"\0")
+        if not data or stripped:
+            break
+        data = b""
+    if not data or stripped.startswith(magic):
+        return stripped
+    raise TrailingBytes(f"bytes after the last complete compressed member are not another member ({stripped[:8]!r}...); "
+                        "ignored, the text before them is complete")
+
+
+def _decoded(raw: BinaryIO, data: bytes, magic: bytes) -> Iterator[bytes]:
+    decomp = _MAKERS[magic]()
     try:
         while True:
             yield from _inflate(decomp, data)
             if decomp.eof:
                 # Concatenated members (multistream dumps, `cat a.gz b.gz`): start a new decoder.
-                data, decomp = decomp.unused_data, make()
-                data = data or raw.read(CHUNK)
+                data = _after_member(raw, decomp.unused_data, magic)
                 if not data:
                     return
+                decomp = _MAKERS[magic]()
                 continue
             data = raw.read(CHUNK)
             if not data:

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Union
 
-from pipeline.decompress import CorruptStream, decompressed_chunks, unsupported_compression
+from pipeline.decompress import CorruptStream, TrailingBytes, decompressed_chunks, unsupported_compression
 from pipeline.wikitext import parse_page, wikitext_to_paragraphs
 
 log = logging.getLogger(__name__)
@@ -258,15 +258,20 @@ _GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$",
 
 
 def _book(stream, name, source, max_bytes, stats) -> Iterator[Record]:
-    parts, size = [], 0
-    for chunk in stream:
-        size += len(chunk)
-        if size > max_bytes:
-            for _ in stream:  # drain without holding
-                pass
-            yield Skip(source, name, "document_too_large", f"over {max_bytes} bytes")
-            return
-        parts.append(chunk)
+    parts, size, cut = [], 0, None
+    try:
+        for chunk in stream:
+            size += len(chunk)
+            if size > max_bytes:
+                for _ in stream:  # drain without holding
+                    pass
+                yield Skip(source, name, "document_too_large", f"over {max_bytes} bytes")
+                return
+            parts.append(chunk)
+    except CorruptStream as err:
+        if not err.truncated:  # damaged: the book is not read at all
+            raise
+        cut = err  # a compressed book cut short is still most of a book: kept, its skip counted after it
     text = _decode(b"".join(parts), stats).replace("\r\n", "\n")
     start, end = _GUTENBERG_START.search(text), _GUTENBERG_END.search(text)
     if start:
@@ -276,10 +281,14 @@ def _book(stream, name, source, max_bytes, stats) -> Iterator[Record]:
         text = text[: end.start()]
     paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
     paragraphs = [p for p in paragraphs if p]
+    if cut is not None and not isinstance(cut, TrailingBytes):
+        paragraphs = paragraphs[:-1]  # it may stop mid-sentence
     if paragraphs:
         yield RawDocument(name, paragraphs)
-    else:
+    elif cut is None:
         yield Skip(source, name, "empty_document")
+    if cut is not None:
+        raise cut
 
 
 def _sentence_lines(stream, name, source, max_bytes, stats) -> Iterator[Record]:

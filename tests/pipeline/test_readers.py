@@ -114,6 +114,30 @@ def test_truncated_and_corrupt_compression_keep_complete_documents():
     assert not docs and [s.reason for s in skips] == ["corrupt_compression"]
 
 
+def test_zero_padding_and_trailing_bytes_after_the_last_member_keep_every_document():
+    # gzip -t and xz -t pass these files; the reader started a decoder on the padding and lost the text
+    # decoded before it (the last 4 MiB) as corrupt_compression.
+    text = "\n\n".join(f"{PROSE} Paragraph {i}." for i in range(50)).encode()
+    for packed, paragraphs in [(gzip.compress(text) + bytes(512), 50), (lzma.compress(text) + bytes(4), 50),
+                               (gzip.compress(text + b"\n\n") + bytes(100) + gzip.compress(text), 100)]:
+        docs, skips, _ = read(packed, fmt="text")
+        assert not skips and len(docs[0].segments) == paragraphs
+    # Bytes that are not a member: counted, and every paragraph of the complete member kept.
+    docs, skips, _ = read(gzip.compress(text) + b"garbage\n", fmt="text")
+    assert len(docs[0].segments) == 50 and [s.reason for s in skips] == ["corrupt_compression"]
+    assert "ignored, the text before them is complete" in skips[0].detail
+
+
+def test_a_compressed_book_cut_short_keeps_its_paragraphs_but_the_last():
+    rng = random.Random(0)
+    text = "\n\n".join(f"{PROSE} {rng.getrandbits(64)} Paragraph {i}." for i in range(2000)).encode()
+    docs, skips, _ = read(gzip.compress(text)[:20_000], fmt="text")
+    (doc,) = docs
+    assert 100 < len(doc.segments) < 2000 and doc.segments[0].startswith(PROSE)
+    assert all(p.endswith(f"Paragraph {i}.") for i, p in enumerate(doc.segments))  # none cut mid-way
+    assert [s.reason for s in skips] == ["corrupt_compression"]
+
+
 def test_invalid_utf8_is_repaired_not_dropped():
     docs, skips, counts = read(PROSE.encode() + b" caf\xe9 \xff\xfe end.\n\n" + PROSE.encode(), fmt="text")
     assert len(docs) == 1 and not skips and counts["documents_invalid_utf8_repaired"] == 1
