@@ -47,20 +47,24 @@ def heldout_score(seed: int, doc_id: str) -> float:
 
 
 class _DocStats(beam.CombineFn):
-    """(number of documents, the FORCED_HELDOUT lowest (heldout score, doc id)) over the whole corpus."""
+    """(number of documents, the FORCED_HELDOUT lowest (heldout score, doc id), the highest one or None)
+    over the whole corpus."""
 
     def __init__(self, seed: int):
         self.seed = seed
 
     def create_accumulator(self):
-        return (0, ())
+        return (0, (), None)
 
     def add_input(self, acc, doc_id):
-        return (acc[0] + 1, tuple(sorted(acc[1] + ((heldout_score(self.seed, doc_id), doc_id),))[:FORCED_HELDOUT]))
+        scored = (heldout_score(self.seed, doc_id), doc_id)
+        return (acc[0] + 1, tuple(sorted(acc[1] + (scored,))[:FORCED_HELDOUT]), max(x for x in (acc[2], scored) if x))
 
     def merge_accumulators(self, accs):
         accs = list(accs)
-        return (sum(a[0] for a in accs), tuple(sorted(x for a in accs for x in a[1])[:FORCED_HELDOUT]))
+        highest = [a[2] for a in accs if a[2]]
+        return (sum(a[0] for a in accs), tuple(sorted(x for a in accs for x in a[1])[:FORCED_HELDOUT]),
+                max(highest) if highest else None)
 
     def extract_output(self, acc):
         return acc
@@ -70,9 +74,13 @@ def assign_split(doc_id: str, stats, settings: SplitSettings) -> str:
     fraction = settings.heldout_fraction
     if fraction <= 0:
         return TRAIN
+    n_docs, lowest, highest = stats
+    # A few documents could all hash below the fraction: the one scoring highest always trains, else the
+    # corpus would have no training instance (and the job report success).
+    if highest is not None and doc_id == highest[1]:
+        return TRAIN
     if heldout_score(settings.seed, doc_id) < fraction:
         return HELDOUT
-    n_docs, lowest = stats
     # A small corpus could hash no document, or one, below the fraction; the trainer still needs a heldout
     # set, and its NSP pairs a second document: alone in its bucket, a document's "random" B is its own.
     if n_docs >= MIN_DOCS_FOR_FORCED_HELDOUT and any(doc_id == d for _, d in lowest):

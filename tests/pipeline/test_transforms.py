@@ -96,6 +96,26 @@ def test_create_instances_splits_buckets_and_dupes(data_dir):
         assert_that(out, check)
 
 
+def test_the_training_split_is_never_empty_whatever_the_hash(data_dir):
+    # Three documents that all hash below a heldout fraction of 0.9: every one went to heldout, the train
+    # shard held 0 instances, and the job reported success (pretrain refused the corpus only later).
+    from pipeline.nsp import heldout_score
+
+    vocab = MaskingVocab.from_vocab_file(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    docs = _synthetic_docs(3)
+    seed = next(s for s in range(1000) if all(heldout_score(s, d.doc_id) < 0.9 for d in docs))
+    split = SplitSettings(seed=seed, heldout_fraction=0.9, docs_per_bucket=8, dupe_factor=1)
+    last = max(docs, key=lambda d: heldout_score(seed, d.doc_id)).doc_id
+
+    def check(elements):
+        splits = {(name, batch.doc_ids[row]) for name, batch in elements for row in range(len(batch))}
+        assert {d for name, d in splits if name == "train"} == {last}
+        assert {d for name, d in splits if name == "heldout"} == {d.doc_id for d in docs} - {last}
+
+    with pipeline() as p:
+        assert_that(p | beam.Create(docs) | CreateInstances(split, InstanceSettings(seq_len=32), vocab), check)
+
+
 def _instance(doc: str, n: int) -> Instance:
     return Instance(doc, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int8), np.array([1], dtype=np.int32),
                     np.array([7], dtype=np.int32), n % 2)
