@@ -17,6 +17,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from pipeline.manifest import FORMAT
 from pipeline.readers import RawDocument, ReadStats, Skip, read_file
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ def _expand(pattern: str) -> list[str]:
         return found
     if os.path.isfile(pattern):
         return [pattern]  # named by the user: read, whatever the ignore list says
+    if os.path.exists(pattern):  # a named pipe, a socket, a device: reading it would block or never end
+        raise ValueError(f"input {pattern} is not a regular file (a named pipe, socket or device); write it to a file first")
     if "://" not in pattern:
         return _expand_local_glob(pattern)
     root = pattern.rstrip("/") + "/"
@@ -92,11 +95,40 @@ def _expand(pattern: str) -> list[str]:
     return sorted(matched)
 
 
+def _written_by_bertpipe(root: str, entries: set[str]) -> bool:
+    """A folder bertpipe wrote (a corpus, a pre-training run, a fine-tuning output, an export): its
+    vocab.txt, metrics and logs are not corpus text. Known by the marker or lock each command leaves."""
+    if "bertpipe_export.json" in entries or any(e.startswith(".bertpipe") for e in entries):
+        return True
+    if "manifest.json" not in entries:
+        return False
+    try:
+        with open(os.path.join(root, "manifest.json"), encoding="utf-8") as f:
+            return f'"{FORMAT}"' in f.read(1 << 16)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _walk(directory: str) -> list[str]:
-    found = []
-    for root, dirs, names in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [os.path.join(root, n) for n in sorted(names) if not _ignored(n)]
+    """The input files under `directory`: regular files only (a named pipe would block the read forever),
+    symlinked folders followed once each, folders bertpipe wrote left out, each kind of skip logged."""
+    found, seen, left_out, odd = [], set(), [], []
+    for root, dirs, names in os.walk(directory, followlinks=True):
+        if _written_by_bertpipe(root, set(dirs) | set(names)):
+            left_out.append(root)
+            dirs[:] = []
+            continue
+        seen.add(os.path.realpath(root))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and os.path.realpath(os.path.join(root, d)) not in seen)
+        for name in sorted(n for n in names if not _ignored(n)):
+            path = os.path.join(root, name)
+            (found if os.path.isfile(path) else odd).append(path)
+    if left_out:
+        log.info("not reading %d folder(s) under %s that bertpipe wrote (corpora, runs, exports): %s", len(left_out),
+                 directory, ", ".join(left_out[:3]) + (" ..." if len(left_out) > 3 else ""))
+    if odd:
+        log.warning("not reading %d entr(ies) under %s that are not regular files (named pipes, sockets, devices, "
+                    "broken links): %s", len(odd), directory, ", ".join(odd[:3]) + (" ..." if len(odd) > 3 else ""))
     return found
 
 
@@ -104,7 +136,8 @@ def _expand_local_glob(pattern: str) -> list[str]:
     """A local glob: its files, and the files under the directories it matches (Beam's `match`
     returns files only, so `raw/*` over `raw/gutenberg/` dropped the books without a word)."""
     hits = sorted(glob.glob(pattern, recursive=True))
-    found = [f for hit in hits for f in (_walk(hit) if os.path.isdir(hit) else [hit]) if not _ignored(f)]
+    found = [f for hit in hits for f in (_walk(hit) if os.path.isdir(hit) else [hit] if os.path.isfile(hit) else [])
+             if not _ignored(f)]
     if not found:
         ignored = f" it does not ignore ({_IGNORED_NOTE})" if hits else ""
         raise ValueError(f"input {pattern} matches no file{ignored}; give existing files, directories or globs")

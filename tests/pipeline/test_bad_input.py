@@ -6,6 +6,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import shutil
 
 import pyarrow as pa
 import pytest
@@ -307,6 +308,21 @@ def test_the_users_vocab_txt_in_out_is_kept_when_the_rerun_starts_elsewhere(tmp_
                      *common]) == 0
     assert json.loads((trained / "manifest.json").read_text())["vocab_is_users"] is False
     assert cli.main(["corpus", "--input", book, "--train-vocab-size", "400", "--out", str(trained), *common]) == 0
+
+
+def test_the_vocab_inside_an_input_directory_is_not_read_as_text(tmp_path, data_dir, capsys):
+    text = tmp_path / "text"
+    text.mkdir()
+    shutil.copy(data_dir / "books" / "persuasion.txt", text)
+    shutil.copy(data_dir / "vocab" / "bert-base-uncased-vocab.txt", text / "vocab.txt")
+    out = tmp_path / "corpus"
+    assert cli.main(["corpus", "--input", str(text), "--vocab", str(text / "vocab.txt"), "--out", str(out),
+                     "--seq-len", "64", "--dupe-factor", "1", "--progress-seconds", "0"]) == 0
+    assert f"not reading --vocab {text / 'vocab.txt'} as text" in capsys.readouterr().err
+    assert json.loads((out / "manifest.json").read_text())["inputs"] == [str(text / "persuasion.txt")]
+    err = _fails(["corpus", "--input", str(text / "vocab.txt"), "--vocab", str(text / "vocab.txt"),
+                  "--out", str(tmp_path / "c2")], capsys)
+    assert "the only input file is --vocab" in err
 
 
 def test_every_special_token_is_checked_before_the_previous_corpus_is_cleared(tmp_path, data_dir, capsys):

@@ -251,6 +251,39 @@ def test_expand_inputs_directory_recursive(tmp_path, data_dir):
         expand_inputs([str(tmp_path / "empty")])
 
 
+def test_a_directory_walk_skips_what_bertpipe_wrote_and_what_is_not_a_file_and_follows_links(tmp_path, caplog):
+    # A sibling corpus's vocab.txt was read as a book; a named pipe hung the job; a symlinked folder of books
+    # was skipped without a word.
+    text = tmp_path / "text"
+    (text / "sub").mkdir(parents=True)
+    (text / "a.txt").write_text("a")
+    corpus = text / "corpus1"
+    corpus.mkdir()
+    (corpus / "manifest.json").write_text('{"format": "bertpipe-corpus", "format_version": 1}')
+    (corpus / "vocab.txt").write_text("[PAD]")
+    for i, marker in enumerate((".bertpipe-run", ".bertpipe-finetune", "bertpipe_export.json")):
+        (text / f"out{i}").mkdir()
+        (text / f"out{i}" / marker).write_text("{}")
+        (text / f"out{i}" / "config.yaml").write_text("x: 1")
+    (text / "notes").mkdir()
+    (text / "notes" / "manifest.json").write_text('{"theirs": true}')  # someone else's manifest: the folder is read
+    (text / "notes" / "n.txt").write_text("n")
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "b.txt").write_text("b")
+    (text / "linked").symlink_to(books)
+    (text / "sub" / "loop").symlink_to(text)  # a cycle: followed once
+    os.mkfifo(text / "pipe")
+    with caplog.at_level(logging.INFO, logger="pipeline.sources"):
+        files = expand_inputs([str(text)])
+    assert [os.path.relpath(f, text) for f in files] == ["a.txt", "linked/b.txt", "notes/n.txt"]
+    assert "not reading 4 folder(s)" in caplog.text and f"not reading 1 entr(ies) under {text}" in caplog.text
+    with pytest.raises(ValueError, match="is not a regular file"):
+        expand_inputs([str(text / "pipe")])
+    with pytest.raises(ValueError, match="matches no file"):  # a glob's pipe is left out, not read
+        expand_inputs([str(text / "p*")])
+
+
 def test_uncompressed_dump_cut_inside_a_page_is_counted_not_dropped_silently():
     data = wiki(page(1, PROSE), page(2, PROSE))
     docs, skips, _ = read(data[: data.rindex(b"</page>") - 10])
