@@ -227,6 +227,16 @@ def _vocab_ids(vocab_text: str, source: str, lowercase: bool) -> tuple[MaskingVo
     if missing:
         raise ValueError(f"vocab {source} lacks {' '.join(missing)}; a BERT vocab.txt needs "
                          f"{' '.join(SPECIAL_TOKENS)}, one token per line")
+    # Twice: the corpus would take [CLS]/[SEP] at their first line, masking and the tokenizer at their last,
+    # and [CLS]/[SEP] positions be masked as if they were words.
+    twice = [t for t in SPECIAL_TOKENS if tokens.count(t) > 1]
+    if twice:
+        lines = [i + 1 for i, t in enumerate(tokens) if t == twice[0]]
+        raise ValueError(f"vocab {source} lists {twice[0]} {len(lines)} times (lines {', '.join(map(str, lines))}); "
+                         "each special token needs exactly one line")
+    if len(set(tokens)) < len(tokens):
+        log.warning("vocab %s lists %d token(s) more than once; each keeps the id of its last line", source,
+                    len(tokens) - len(set(tokens)))
     try:
         build_tokenizer(tokens, lowercase)  # what `TokenizeDocuments` builds on every worker
         masking_vocab = MaskingVocab.from_tokens(tokens)

@@ -340,6 +340,11 @@ def test_every_special_token_is_checked_before_the_previous_corpus_is_cleared(tm
         message = _fails(base + ["--vocab", str(vocab)], capsys).strip().splitlines()
         assert message == [f"bertpipe corpus: error: vocab {vocab} lacks {special}; a BERT vocab.txt needs "
                            "[PAD] [UNK] [CLS] [SEP] [MASK], one token per line"]
+    # [CLS] twice: the corpus took its first line, masking its last, and [CLS] positions were masked as words.
+    vocab = tmp_path / "cls_twice.txt"
+    vocab.write_text("\n".join(tokens + ["[CLS]"]) + "\n", encoding="utf-8")
+    assert (f"vocab {vocab} lists [CLS] 2 times (lines 102, {len(tokens) + 1}); each special token needs exactly "
+            "one line") in _fails(base + ["--vocab", str(vocab)], capsys)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train-00000-of-00001.arrow"]
 
 
