@@ -57,7 +57,10 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
     text = " ".join(str(e) for e in chain)
     nospace = nospace or "No space left on device" in text
     where = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None) or path
-    if not nospace and ("iostream error" in text or "file write failed" in text or isinstance(err, OSError)):
+    # An OSError that says what it is (permission, a read-only or missing path) is that, whatever the free space.
+    said = isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT,
+                                                      errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
+    if not nospace and not said and ("iostream error" in text or "file write failed" in text or isinstance(err, OSError)):
         try:
             probe = where
             while probe and not os.path.exists(probe):

@@ -77,6 +77,17 @@ def _end_within(seconds: float, command: str, code: int) -> None:
     threading.Thread(target=end, name="bertpipe-exit-timer", daemon=True).start()
 
 
+def _unwritable_out(err: BaseException, out: object) -> str | None:
+    """"Read-only file system: PATH" (or permission denied) when `err` is that, on a path in --out."""
+    import errno
+
+    if not (out and isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and err.filename):
+        return None
+    target, path = os.path.abspath(str(out)), os.path.abspath(str(err.filename))
+    inside = path == target or path.startswith(os.path.join(target, "")) or os.path.dirname(target) == path
+    return f"{err.strerror}: {err.filename}" if inside else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand. `argv` None: this is the process's entry point (the console script,
     `python -m launch.cli`), which may bound its own exit after Ctrl-C; tests pass `argv`."""
@@ -111,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # e.g. a parent of --out is a file: mkdir fails where nothing could be written
             parser.exit(2, f"bertpipe {command}: error: cannot create --out {out}: {err.strerror}: "
                            f"{err.filename}; choose another --out\n")
+        unwritable = _unwritable_out(err, out)
+        if message is None and unwritable:
+            parser.exit(2, f"bertpipe {command}: error: cannot write --out {out}: {unwritable}; choose another "
+                           "--out or make it writable\n")
         if message is None:
             raise
         hint = getattr(module, "ON_DISK_FULL", "")

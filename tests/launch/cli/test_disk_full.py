@@ -97,3 +97,19 @@ def test_export_on_a_full_disk_says_so(tmpfs, reference_run):
     done = _run(["export", str(reference_run), "--out", str(disk / "hf")])
     assert done.returncode != 0
     _one_error_line(done, "export", disk)
+
+
+def test_a_read_only_out_is_one_line_naming_it_not_a_traceback(tmpfs):
+    # A read-only mount (or a folder the user may not write) failed with Python's traceback; and where the
+    # mount had no free blocks (/sys) the message blamed a full disk.
+    disk = tmpfs(1 << 20)
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    runs = {"corpus": ["corpus", "--input", str(DATA / "books" / "persuasion.txt"), "--vocab", str(VOCAB)],
+            "finetune": ["finetune", "--task", "sst2", "--data-dir", str(DATA / "glue"), "--checkpoint", "x"]}
+    for command, argv in runs.items():
+        for out in (disk / "out", disk):
+            done = _run([*argv, "--out", str(out)])
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+            assert done.stderr.strip().splitlines()[-1] == (
+                f"bertpipe {command}: error: cannot write --out {out}: Read-only file system: "
+                f"{out / '.bertpipe.lock' if out == disk else out}; choose another --out or make it writable")
