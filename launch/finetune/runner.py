@@ -328,6 +328,7 @@ class Finetuner:
 
     def run(self) -> dict[str, Any]:
         self.prepare()  # every check first: a refused run leaves no config.yaml behind
+        self._clear_earlier_run()
         mark_output(self.out, OUT_MARKER, "finetune")
         save_config(self.cfg, self.out / "config.yaml")
         train_stats = self.train()
@@ -339,6 +340,25 @@ class Finetuner:
         if self.cfg.save_model:
             self.save()
         return result
+
+    def _clear_earlier_run(self) -> None:
+        """An earlier run's files in --out (proven ours by `prepare`): left there, its model, predictions,
+        confusion matrix and TensorBoard events sat beside this run's as if they were its own, and its
+        metrics.json outlived an interrupted rerun."""
+        import shutil
+
+        ckpt = self.ckpt.hf_dir.resolve()
+        for name in OUT_FILES:
+            path = self.out / name
+            if path.resolve() == ckpt or path.resolve() in ckpt.parents:
+                raise DataError(f"--checkpoint {self.cfg.checkpoint} is the earlier run's {path}, which this run "
+                                "replaces; fine-tune it into another --out")
+        for name in OUT_FILES:
+            path = self.out / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
 
     def save(self) -> Path:
         from model.hf import save_pretrained

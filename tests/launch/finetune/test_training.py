@@ -15,7 +15,7 @@ from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.examples import QAExample
 from launch.finetune.runner import Finetuner, _param_groups, lr_factor
 
-from repo_paths import GLUE
+from repo_paths import DATA, GLUE
 
 
 def test_lr_schedule_linear_warmup_then_linear_decay():
@@ -262,6 +262,28 @@ def test_regression_scores_that_do_not_vary_are_refused_after_subsetting(tiny_ch
                                         r"--max-eval-samples kept\) score .*: raise --max-eval-samples"):
         Finetuner(cfg).prepare()
     Finetuner(replace(cfg, max_eval_samples=8)).prepare()
+
+
+def test_a_rerun_into_the_same_out_replaces_the_earlier_runs_files(tiny_checkpoint, tmp_path):
+    # Left there, the earlier run's model/, confusion matrix and TensorBoard events sat beside the new run's
+    # (the CLI printed the old confusion matrix as this run's), and its metrics.json outlived an interrupt.
+    from dataclasses import replace
+
+    from launch.finetune.examples import DataError
+
+    out = tmp_path / "o"
+    Finetuner(replace(_cfg(tiny_checkpoint, out, 1), save_model=True, tensorboard=True)).run()
+    assert (out / "model").is_dir() and (out / "confusion_matrix.txt").is_file()
+    events = sorted((out / "tensorboard").rglob("events.*"))
+    (out / "notes.txt").write_text("mine")  # not a name finetune writes: kept
+    with pytest.raises(DataError, match=r"--checkpoint .* is the earlier run's .*model, which this run replaces"):
+        Finetuner(replace(_cfg(out / "model", out, 2), save_model=False)).run()
+    assert (out / "model").is_dir()  # refused before anything was removed
+    Finetuner(replace(_cfg(tiny_checkpoint, out, 2), task="conll2003", data_dir=str(DATA / "conll2003"),
+                      tensorboard=True)).run()
+    assert not (out / "model").exists() and not (out / "confusion_matrix.txt").exists()
+    assert (out / "dev_entity_report.txt").is_file() and (out / "notes.txt").read_text() == "mine"
+    assert not set(events) & set((out / "tensorboard").rglob("events.*"))  # one run's curves, not two overlaid
 
 
 def test_test_file_is_predicted_whole_and_a_malformed_test_line_refused(tiny_checkpoint, tmp_path):
