@@ -22,7 +22,10 @@ def classification_metrics(
     every = list(range(num_labels))
     if num_labels == 2:
         out["f1"] = float(f1_score(y, p, labels=every, pos_label=1, average="binary", zero_division=0))
-    out["macro_f1"] = float(f1_score(y, p, labels=every, average="macro", zero_division=0))
+    # Over the classes in the gold labels or the predictions (scikit-learn's own default): a class that
+    # appears in neither (a small dev set, a --max-eval-samples subset) would count as F1 0.
+    present = sorted(set(y.tolist()) | set(p.tolist()))
+    out["macro_f1"] = float(f1_score(y, p, labels=present, average="macro", zero_division=0))
     out["micro_f1"] = float(f1_score(y, p, labels=every, average="micro", zero_division=0))
     if "matthews_correlation" in metric_names or num_labels == 2:
         out["matthews_correlation"] = float(matthews_corrcoef(y, p)) if len(set(y) | set(p)) > 1 else 0.0

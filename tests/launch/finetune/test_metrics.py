@@ -96,3 +96,13 @@ def test_squad_em_f1_edge_cases():
     scores = squad.evaluate(examples, {"q1": "the Broncos", "q2": "in 1990"})
     assert scores["exact_match"] == pytest.approx(100 / 3)
     assert scores["f1"] == pytest.approx(100 * (1 + 2 * 0.5 / 1.5) / 3)
+
+
+def test_macro_f1_leaves_out_a_class_in_neither_gold_nor_predictions():
+    # Perfect predictions over two of three classes read 0.667: the absent class counted as F1 0.
+    from sklearn.metrics import f1_score
+
+    assert metrics.classification_metrics([0, 1, 0, 1], [0, 1, 0, 1], num_labels=3)["macro_f1"] == 1.0
+    gold, pred = [0, 1, 0, 1, 1], [0, 1, 2, 1, 0]
+    assert metrics.classification_metrics(gold, pred, num_labels=4)["macro_f1"] == pytest.approx(
+        f1_score(gold, pred, average="macro"))
