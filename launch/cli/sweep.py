@@ -82,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise CliError("--tasks is empty; name at least one task, e.g. --tasks sst2")
+    # 0 CPUs a trial started every trial at once; -1 failures is Ray's "retry forever"; a Ray of 0 CPUs ran none.
+    if args.cpus_per_trial <= 0:
+        raise CliError(f"--cpus-per-trial must be more than 0, got {args.cpus_per_trial:g}")
+    for flag, value, least in (("--gpus-per-trial", args.gpus_per_trial, 0), ("--max-failures", args.max_failures, 0),
+                               ("--num-cpus", args.num_cpus, 1)):
+        if value is not None and value < least:
+            raise CliError(f"{flag} must be {least} or more, got {value:g}")
     cfg, overrides = trial_overrides(args, tasks)
     crash = os.environ.get("BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT")
     from launch.finetune.tune_sweep import run_sweep, trial_name

@@ -204,6 +204,20 @@ class LocalRay:
                          self.owned)
 
 
+def check_trial_fits(wants: dict[str, tuple[str, float]], have: dict[str, float], address: str | None) -> None:
+    """Each trial's request (flag -> (resource, amount)) against the cluster's resources: a local Ray cannot
+    grow, and Ray would wait forever for a node that has them (a ValueError); a cluster's autoscaler may
+    add one (a warning)."""
+    for flag, (kind, want) in wants.items():
+        if want <= have.get(kind, 0):
+            continue
+        if address is None:
+            raise ValueError(f"{flag} {want:g} asks for more {kind}s than the local Ray has ({have.get(kind, 0):g}); "
+                             f"lower it{' or raise --num-cpus' if kind == 'CPU' else ''}")
+        logger.warning("%s %g: the Ray cluster at %s has %g %ss now; trials wait until its autoscaler adds a node "
+                       "that has them", flag, want, address, have.get(kind, 0), kind)
+
+
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None,
                 temp_dir: str | None = None) -> Iterator[None]:

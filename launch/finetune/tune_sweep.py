@@ -23,7 +23,6 @@ raise on its first attempt only, so retry handling is exercised deterministicall
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
@@ -31,14 +30,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import yaml
 
 from launch.config import coerce_field, from_dict, to_dict
 from launch.finetune import table7
 from launch.finetune.finetune_config import FinetuneConfig
-from launch.finetune.local_ray import ray_session
+from launch.finetune.local_ray import check_trial_fits, ray_session
+from launch.finetune.trial_records import inputs_fingerprint, read_record, write_record
 from launch.finetune.report import markdown_table, plot_grid, summarize, system_rows
 from launch.finetune.tasks import get_task
 from pipeline.atomic_write import write_text_atomic
@@ -55,10 +55,7 @@ CRASH_ENV = "BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT"
 EXPERIMENT = "tune"  # Tune's own logs and state: OUT/tune/<trial>/
 CONFIG_FILE = "sweep_config.json"
 SWEEP_FILES = (CONFIG_FILE, EXPERIMENT, "trials", "fault_injection", "results.json", "results.md", "sweep.png")
-RECORD = "trial_result.json"  # OUT/trials/<trial>/: a finished trial's settings and metrics
 NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
-# How or where a trial ran, not what it computed or wrote: a resume that changes only these keeps finished trials.
-RESOURCE_SETTINGS = frozenset({"threads", "feature_cache", "progress"})
 REFUSED = "bertpipe_refused"  # a trial's report when its input was refused: the one-line reason
 
 
@@ -95,6 +92,9 @@ def load_grid(grid: str | Path | dict[str, Any]) -> dict[str, list[Any]]:
     unknown = sorted(set(raw) - fields)
     if unknown:
         raise ValueError(f"grid keys {unknown} are not fine-tuning settings; use some of: {', '.join(sorted(fields))}")
+    empty = sorted(k for k, v in raw.items() if isinstance(v, (list, tuple)) and not v)
+    if empty:  # else no trial, and a table and plot of nothing
+        raise ValueError(f"grid key {empty[0]} has no values; give it at least one, e.g. `{empty[0]}: [...]`, or drop it")
     # Typed now, not in each trial: `lr: [5e-5]` is a string to YAML, and the table formats it as a number.
     return {k: [coerce_field(FinetuneConfig, k, x, f"grid {k}") for x in (v if isinstance(v, (list, tuple)) else [v])]
             for k, v in raw.items()}
@@ -157,73 +157,6 @@ def shared_base(base: dict[str, Any], points: Sequence[dict[str, Any]]) -> dict[
     point)` is `_settings(base, point)` for every one of `points`."""
     every_point_sets = set.intersection(*(set(p) for p in points)) if points else set()
     return {k: v for k, v in base.items() if k not in every_point_sets}
-
-
-def _digest(body: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def inputs_fingerprint(checkpoint: str | Path, data_dir: str | Path) -> str:
-    """What the checkpoint and data folders hold, cheaply: sha256 over every file's path, size and
-    modification time (bertpipe's own `export/` and hidden files aside). A trial is kept on resume only
-    if it ran on the same; settings alone name the folders, whose files may have been replaced since."""
-    h = hashlib.sha256()
-    for root in (Path(checkpoint), Path(data_dir)):
-        files = [root] if root.is_file() else sorted(
-            p for p in _files_under(root)
-            if not any(part.startswith(".") or part == "export" for part in p.relative_to(root).parts))
-        for p in files:
-            st = p.stat()
-            h.update(f"{p.relative_to(root) if p != root else p.name}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
-        h.update(b"--\n")
-    return h.hexdigest()
-
-
-def _files_under(root: Path) -> Iterator[Path]:
-    """Every file below `root`, through linked folders too (`data/SST-2 -> /mnt/...` is common, and
-    `Path.rglob` does not enter them), each real folder once (a link loop ends)."""
-    seen: set[str] = set()
-    for folder, dirs, names in os.walk(root, followlinks=True):
-        real = os.path.realpath(folder)
-        if real in seen:
-            dirs.clear()
-            continue
-        seen.add(real)
-        for name in names:
-            path = Path(folder) / name
-            if path.is_file():
-                yield path
-
-
-def write_record(trial_dir: Path, settings: dict[str, Any], metrics: dict[str, float], inputs: str) -> Path:
-    """Record a finished trial durably: written, fsynced and renamed into place (then the folder fsynced),
-    so that a crash at any moment leaves either no record or a complete one."""
-    body = {"settings": settings, "metrics": metrics, "inputs": inputs}
-    return write_text_atomic(trial_dir / RECORD,
-                             json.dumps({**body, "sha256": _digest(body)}, indent=2, sort_keys=True) + "\n")
-
-
-def read_record(trial_dir: Path, settings: dict[str, Any], inputs: str) -> tuple[dict[str, float] | None, str]:
-    """(the recorded metrics, "") for a complete record of a trial with exactly `settings` on `inputs`
-    (`inputs_fingerprint`), else (None, why)."""
-    path = trial_dir / RECORD
-    if not path.is_file():
-        return None, ""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        return None, f"{path} does not parse ({err})"
-    body = ({"settings": data.get("settings"), "metrics": data.get("metrics"), "inputs": data.get("inputs")}
-            if isinstance(data, dict) else {})
-    if not body or data.get("sha256") != _digest(body):
-        return None, f"{path} does not match its sha256 (torn or edited)"
-    wanted, ran = json.loads(json.dumps(settings)), body["settings"] or {}
-    differ = sorted(k for k in set(wanted) | set(ran) if k not in RESOURCE_SETTINGS and wanted.get(k) != ran.get(k))
-    if differ:
-        return None, f"{path} records a run with other settings ({', '.join(differ)})"
-    if body["inputs"] != inputs:
-        return None, f"{path} records a run on other files: the checkpoint or the data changed since"
-    return body["metrics"], ""
 
 
 def _trainable(config: dict[str, Any]) -> None:
@@ -345,7 +278,7 @@ def run_sweep(
         raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
     refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=holds_sweep(out))
 
-    inputs = inputs_fingerprint(base["checkpoint"], base["data_dir"])
+    inputs = inputs_fingerprint(base["checkpoint"], base["data_dir"], exclude=[out, base.get("feature_cache") or out])
     recorded: dict[int, dict[str, float]] = {}
     for p in points if resume else ():
         metrics, why = read_record(trials_dir / trial_name(p), settings[p["index"]], inputs)
@@ -385,8 +318,11 @@ def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, 
     from launch.finetune.sweep_progress import SweepProgress, quiet_tune
 
     with ray_session(address, num_cpus, temp_dir):
+        have = ray.cluster_resources()
         if gpus_per_trial is None:
-            gpus_per_trial = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+            gpus_per_trial = 1 if have.get("GPU", 0) >= 1 else 0
+        check_trial_fits({"--cpus-per-trial": ("CPU", cpus_per_trial), "--gpus-per-trial": ("GPU", gpus_per_trial)},
+                         have, address or os.environ.get("RAY_ADDRESS"))
         trainable = tune.with_resources(_trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
         tuner = tune.Tuner(
             trainable,

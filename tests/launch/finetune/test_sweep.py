@@ -41,6 +41,9 @@ def test_paper_grid_and_expansion(tmp_path):
     (tmp_path / "bad.yaml").write_text("learning_rate: [1.0e-4]\n")
     with pytest.raises(ValueError, match="learning_rate"):
         load_grid(tmp_path / "bad.yaml")
+    (tmp_path / "empty.yaml").write_text("lr: []\nepochs: [2]\n")  # ran no trial, then failed in matplotlib
+    with pytest.raises(ValueError, match=r"grid key lr has no values"):
+        load_grid(tmp_path / "empty.yaml")
 
 
 def test_grid_values_take_the_settings_types_and_tune_sees_no_base_field_a_point_overrides(tmp_path):
@@ -278,6 +281,23 @@ def test_table7_on_a_model_with_fewer_than_four_layers_is_refused_before_ray_sta
     with pytest.raises(ValueError, match=r"--layers last4-weighted needs at least 4 layers; the model has 2"):
         run_sweep(["conll2003"], tiny_checkpoint, CONLL, tmp_path / "t7", grid="table7", overrides=TRIAL)
     assert not (tmp_path / "t7").exists()
+
+
+def test_trial_resources_the_local_ray_cannot_give_are_refused_not_waited_for(tiny_checkpoint, tmp_path, capsys):
+    # --cpus-per-trial 2 on a local Ray of 1 CPU: Ray repeated "No available node types can fulfill resource
+    # request" for ever; --cpus-per-trial 0 started every trial at once; --max-failures -1 retries for ever.
+    from launch import cli
+
+    base = ["sweep", "--tasks", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+            "--grid", "quick", "--max-train-samples", "8", "--max-eval-samples", "8"]
+    for extra, message in [(["--cpus-per-trial", "0"], "--cpus-per-trial must be more than 0, got 0"),
+                           (["--max-failures", "-1"], "--max-failures must be 0 or more, got -1"),
+                           (["--num-cpus", "1", "--cpus-per-trial", "2"],
+                            "--cpus-per-trial 2 asks for more CPUs than the local Ray has (1); lower it or raise --num-cpus")]:
+        with pytest.raises(SystemExit) as refused:
+            cli.main([*base, "--out", str(tmp_path / "out"), *extra])
+        assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out" / "trials").exists()
 
 
 def _free_ports(n: int) -> list[int]:

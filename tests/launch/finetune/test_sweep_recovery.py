@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launch.finetune.local_ray import MARKER, _make_temp_dir, remove_temp_dir
-from launch.finetune.tune_sweep import RECORD, inputs_fingerprint, read_record, write_record
+from launch.finetune.trial_records import RECORD, inputs_fingerprint, read_record, write_record
 import as_from_a_shell
 from repo_paths import GLUE
 
@@ -214,6 +214,18 @@ def test_inputs_fingerprint_sees_data_behind_a_linked_folder(tiny_checkpoint, tm
     train = real / "train.tsv"
     train.write_text(train.read_text() + "one more line\t1\n")
     assert inputs_fingerprint(tiny_checkpoint, data) != before
+
+
+def test_inputs_fingerprint_leaves_out_the_sweeps_own_folders_inside_the_data(tiny_checkpoint, tmp_path):
+    # `--out DATA/sweep`: each trial's records and Tune logs changed the fingerprint, and --resume ran
+    # every finished trial again ("records a run on other files").
+    data = Path(shutil.copytree(GLUE / "SST-2", tmp_path / "data" / "SST-2")).parent
+    before = inputs_fingerprint(tiny_checkpoint, data, exclude=[data / "sweep", data / "cache"])
+    for folder in ("sweep/trials/t1", "cache/features"):
+        (data / folder).mkdir(parents=True)
+        (data / folder / "written.json").write_text("{}")
+    assert inputs_fingerprint(tiny_checkpoint, data, exclude=[data / "sweep", data / "cache"]) == before
+    assert inputs_fingerprint(tiny_checkpoint, data, exclude=[data / "sweep"]) != before
 
 
 def test_only_a_ray_temp_dir_bertpipe_created_is_removed(tmp_path):
