@@ -104,7 +104,7 @@ class FinetuneConfig:
     max_query_length: int = 64  # squad: question tokens kept
     n_best: int = 20  # squad: start/end candidates considered
     max_answer_length: int = 30  # squad: longest answer in tokens
-    doc_context: bool = False  # conll2003/tag: fill windows with the document's neighbouring sentences
+    doc_context: bool = False  # conll2003: fill windows with the document's neighbouring sentences (-DOCSTART- marks documents)
     freeze: bool = False  # fine-tune the task model with the encoder's weights fixed (its head on the last layer, run each step with dropout; any task; saves the model); Table 7's cached approach is --feature-based
     feature_based: bool = False  # Table 7's feature-based approach: a new head on frozen activations of --layers, computed once and cached
     layers: str = "last"  # --feature-based: embeddings|second-to-last|last|last4-weighted|last4-concat|all-weighted|last4-sum|all-sum|N[,M...]
@@ -142,6 +142,15 @@ class FinetuneConfig:
             (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
             (0.0 <= self.warmup < 1.0, f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}"),
+            (self.weight_decay >= 0, f"--weight-decay must be 0 or more, got {self.weight_decay}"),
+            (self.adam_epsilon > 0, f"--adam-epsilon must be positive, got {self.adam_epsilon}"),
+            (self.max_grad_norm >= 0, f"--max-grad-norm must be 0 (off) or more, got {self.max_grad_norm}"),
+            (self.threads is None or self.threads >= 1, f"--threads must be >= 1 (or null: as OMP_NUM_THREADS sets), "
+                                                        f"got {self.threads}"),
+            # Only CoNLL-2003 files mark their documents (-DOCSTART-); elsewhere the flag did nothing.
+            (not self.doc_context or canonical_task(self.task or "") == "conll2003",
+             f"--doc-context fills NER windows from the documents of CoNLL-2003 files (-DOCSTART- lines); "
+             f"{self.task} has none: drop it"),
             (8 <= self.max_seq_len <= 512, f"--max-seq-len must be in [8, 512], got {self.max_seq_len}"),
             (self.max_train_samples is None or self.max_train_samples >= 1, "--max-train-samples must be >= 1"),
             (self.max_eval_samples is None or self.max_eval_samples >= 1, "--max-eval-samples must be >= 1"),

@@ -48,7 +48,7 @@ def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
 
 def read_squad(path: Path) -> list[QAExample]:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte order mark (an editor's save) is dropped, as elsewhere
             data = json.load(f)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None

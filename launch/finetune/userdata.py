@@ -159,6 +159,11 @@ def read_tag_split(path: Path, cols: Columns, *, labelled: bool, skips: SkipCoun
         if nulls:  # str() would make a word or a tag "None"
             skips.malformed(path, line, f"key(s) {nulls} hold a list with null in it")
             continue
+        if any(not w.strip() or any(c.isspace() for c in w) for w in words):
+            # An empty word (or one with a space in it) tokenizes to nothing, and breaks the "word gold
+            # predicted" lines of predictions/*.txt that conlleval reads.
+            skips.malformed(path, line, "a word in it is empty or holds whitespace")
+            continue
         if tags is not None and len(tags) != len(words):
             skips.malformed(path, line, f"{len(words)} words but {len(tags)} tags")
             continue

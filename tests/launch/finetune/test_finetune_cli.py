@@ -239,6 +239,12 @@ def test_bad_data_and_settings_are_cli_errors(tiny_checkpoint, tmp_path, capsys)
     assert "unknown task 'nope'" in err
     err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--lr", "-1", *base], capsys)
     assert "--lr must be positive" in err
+    # A traceback from torch (--threads -1), silently trained (--weight-decay -1), silently ignored (--doc-context)
+    for flag, value, message in [("--threads", "-1", "--threads must be >= 1"),
+                                 ("--weight-decay", "-1", "--weight-decay must be 0 or more, got -1"),
+                                 ("--doc-context", "true", "--doc-context fills NER windows from the documents of "
+                                                           "CoNLL-2003 files (-DOCSTART- lines); sst2 has none")]:
+        assert message in _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), flag, value, *base], capsys)
     err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--set", "warmpu=0.1", *base], capsys)
     assert "unknown config key(s) warmpu" in err
     # Divergence: one line (it was a FloatingPointError traceback), epochs counted from 1 as the logs do.

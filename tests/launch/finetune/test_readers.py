@@ -103,6 +103,13 @@ def test_squad_subset():
             assert ex.context[a["answer_start"]: a["answer_start"] + len(a["text"])] == a["text"]
 
 
+def test_a_squad_file_saved_with_a_byte_order_mark_reads(tmp_path):
+    # json.load refused it ("Unexpected UTF-8 BOM"), where every other reader drops the mark
+    path = tmp_path / "dev-v1.1.json"
+    path.write_bytes("\ufeff".encode() + squad.find_file(DATA, "dev", required=True).read_bytes())
+    assert len(squad.read_squad(path)) == 705
+
+
 def test_user_csv_multiclass_from_real_cola_sources(tmp_path):
     """classify: labels are whatever the data holds (here the CoLA source a sentence was taken from)."""
     import csv
@@ -275,6 +282,11 @@ def test_user_tag_refuses_tags_that_are_not_entity_tags(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"text": ["Ann", "met", "Bo"], "label": ["S-PER", null, "S-PER"]}\n')
     with pytest.raises(DataError, match=r"train.jsonl:1: key\(s\) \['label'\] hold a list with null in it"):
         load("tag", tmp_path)  # it was the tag 'None', refused as "not an entity tag"
+    # An empty word tokenized to nothing and wrote " O I-LOC" into predictions/dev.txt (word gold predicted)
+    for words in ('["", "met", "Bo"]', '["Ann Lee", "met", "Bo"]'):
+        (tmp_path / "train.jsonl").write_text(f'{{"text": {words}, "label": ["S-PER", "O", "S-PER"]}}\n')
+        with pytest.raises(DataError, match=r"train.jsonl:1: a word in it is empty or holds whitespace"):
+            load("tag", tmp_path)
 
 
 def test_user_labels_one_number_one_class_and_a_label_across_lines_is_malformed(tmp_path):
