@@ -59,8 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     books.add_argument("--source", choices=("gutenberg",), default="gutenberg", help="book source (default: gutenberg)")
     books.add_argument("--catalog", type=Path, default=None, help="Gutenberg's pg_catalog.csv or a file with one ebook "
                        "number per line (default: the mirror's cache/epub/feeds/pg_catalog.csv)")
-    books.add_argument("--ids", type=int, nargs="+", default=None, help="ebook numbers to fetch instead of a catalogue")
-    books.add_argument("--language", nargs="+", default=["en"], help="keep catalogue books in these languages (default: en)")
+    books.add_argument("--ids", type=int, nargs="+", action="extend", default=None,
+                       help="ebook numbers to fetch instead of a catalogue")
+    books.add_argument("--language", nargs="+", action="extend", default=None,
+                       help="keep catalogue books in these languages (default: en)")
     books.add_argument("--limit", type=int, default=None, help="fetch at most this many books (catalogue order)")
     _common(books, "https://www.gutenberg.org")
 
@@ -105,8 +107,12 @@ def _books(args: argparse.Namespace, policy, show: bool) -> int:
     from pipeline.download.gutenberg import DEFAULT_MIRROR, Book, download_books, load_catalog
 
     mirror = args.mirror or DEFAULT_MIRROR
+    args.language = args.language or ["en"]  # a default argparse's extend would add to
     if args.limit is not None and args.limit < 1:
         raise CliError("--limit must be >= 1")
+    bad_ids = [i for i in args.ids or () if i < 1]
+    if bad_ids:  # fetched as cache/epub/-5/pg-5.txt, a 404 after the retries
+        raise CliError(f"--ids takes ebook numbers (1 or more), got {bad_ids[0]}")
     if args.ids:
         if args.catalog is not None:
             raise CliError("pass either --ids or --catalog, not both")

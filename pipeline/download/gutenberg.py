@@ -104,10 +104,20 @@ def load_catalog(catalog: Path | None, mirror: str, policy: RetryPolicy, languag
     if catalog is not None:
         if not catalog.is_file():
             raise ValueError(f"--catalog {catalog} does not exist")
-        return parse_catalog(catalog.read_text(encoding="utf-8"), languages=languages), str(catalog)
+        try:
+            text = catalog.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"--catalog {catalog} is not UTF-8 text (byte {err.start}: {err.reason}); pass Gutenberg's "
+                             "pg_catalog.csv or a file of ebook numbers, one per line") from None
+        return parse_catalog(text, languages=languages), str(catalog)
     url = f"{mirror.rstrip('/')}/{CATALOG_PATH}"
     data = get_bytes(url, policy, not_found_hint="pass --catalog FILE (pg_catalog.csv or one ebook number per line)")
-    return parse_catalog(data.decode("utf-8"), languages=languages), url
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{url} is not UTF-8 text (byte {err.start}: {err.reason}): not Gutenberg's catalogue; check "
+                         "--mirror, or pass --catalog FILE") from None
+    return parse_catalog(text, languages=languages), url
 
 
 def download_books(

@@ -275,6 +275,12 @@ def test_bad_arguments_are_clear(tmp_path: Path, capsys) -> None:
     rc, _, err = _run(["download", "books", "--ids", "105", "--out", str(tmp_path / "afile" / "raw"),
                        "--mirror", "http://127.0.0.1:9", "--no-progress"], capsys)
     assert rc == 2 and "writable directory" in err
+    latin1 = tmp_path / "catalog.csv"
+    latin1.write_bytes("Text#,Type,Issued,Title,Language\n105,Text,1994-02-01,Persuasion \xe9,en\n".encode("latin-1"))
+    rc, _, err = _run(["download", "books", "--catalog", str(latin1), "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and f"--catalog {latin1} is not UTF-8 text (byte" in err  # was: 'utf-8' codec can't decode ...
+    rc, _, err = _run(["download", "books", "--ids", "105", "-5", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "--ids takes ebook numbers (1 or more), got -5" in err
 
 
 @pytest.mark.parametrize("size_kib", [400, 600])
