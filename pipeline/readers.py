@@ -68,6 +68,9 @@ class ReadStats:
 Record = Union[RawDocument, Skip]
 
 
+_JSON_ARRAY = re.compile(rb"\s*\[\s*\{")
+
+
 def sniff_format(sample: bytes) -> str:
     """`wiki-xml`, `wikiextractor`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file."""
     head = sample[:65536].decode("utf-8", errors="replace")
@@ -148,6 +151,11 @@ def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, sta
         yield Skip(source, source, "binary_file", not_text)
         return
     how = "--format"
+    if fmt == "auto" and _JSON_ARRAY.match(first[:4096].lstrip(BOM)):
+        # `Dataset.to_json(lines=False)`, a JSON export: read as prose it became "} , { " id " ..." text.
+        yield Skip(source, source, "json_array", "a JSON array of records: write it as JSON Lines, one object a line "
+                   "(jq -c '.[]' FILE, or Dataset.to_json(path, lines=True))")
+        return
     if fmt == "auto":
         fmt, how = sniff_format(first), "sniffed"
     log.info("reading %s as %s (%s)", source, fmt, how)

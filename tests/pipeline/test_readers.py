@@ -216,6 +216,15 @@ def test_jsonl_and_sentence_lines():
     assert docs[0].presplit and docs[0].segments == ["First sentence here.", "Second one.", "Third one!"]
 
 
+def test_a_json_array_is_a_counted_skip_that_says_to_write_json_lines():
+    # Read as prose, its records became instances of "} , { " id " : 23 , " text " :" with an info line only.
+    records = json.dumps([{"id": i, "text": PROSE} for i in range(3)], indent=1).encode()
+    docs, skips, _ = read(records)
+    assert not docs and [(s.reason, s.detail.split(":")[0]) for s in skips] == [("json_array", "a JSON array of records")]
+    docs, _, _ = read(b"[1] A citation opens this line. " + PROSE.encode())  # prose that starts with a bracket
+    assert docs
+
+
 def test_book_paragraphs_and_gutenberg_header(data_dir):
     path = data_dir / "books" / "persuasion.txt"
     docs, skips, counts = read(path.read_bytes(), source=str(path))
