@@ -171,6 +171,11 @@ def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int
         raise ValueError(f"no instances were produced from {num_files} input file(s) ({why}); check --input "
                          f"and --format; dead_letter/ in --out lists the skipped records")
     tokens, unk = counters.get("tokens", 0), counters.get("unk_tokens", 0)
+    if tokens and unk / tokens > config.max_unk_share and config.vocab is None:  # trained here: too small to spell it
+        raise ValueError(f"{unk / tokens:.1%} of the {tokens:,} word pieces are [UNK] (limit --max-unk-share "
+                         f"{config.max_unk_share}): a vocabulary of --train-vocab-size {config.train_vocab_size} "
+                         f"cannot spell this text's characters; raise --train-vocab-size, or --max-unk-share 1 "
+                         f"accepts it as it is")
     if tokens and unk / tokens > config.max_unk_share:
         raise ValueError(f"{unk / tokens:.1%} of the {tokens:,} word pieces are [UNK] (limit --max-unk-share "
                          f"{config.max_unk_share}): the vocabulary does not fit this text. Pass the BERT WordPiece "

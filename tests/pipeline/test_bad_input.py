@@ -224,6 +224,12 @@ def test_a_vocab_that_does_not_fit_the_text_fails_with_its_unk_share(tmp_path, d
                   "--out", str(out), "--seq-len", "64", "--dupe-factor", "1"], capsys)
     assert "of the" in err and "word pieces are [UNK] (limit --max-unk-share 0.05)" in err
     assert "does not fit this text" in err and not (out / "manifest.json").exists()
+    # A vocabulary trained here: the advice was to pass --train-vocab-size, the flag already given.
+    from pipeline.corpus_job import CorpusConfig, _check_result
+
+    trained = CorpusConfig(inputs=["x"], out="o", train_vocab_size=300)
+    with pytest.raises(ValueError, match=r"a vocabulary of --train-vocab-size 300 cannot spell .* raise --train-vocab-size"):
+        _check_result(trained, {"tokens": 100, "unk_tokens": 50}, 10, 1)
 
 
 def test_the_unk_share_is_counted_in_the_manifest(small_corpus):
