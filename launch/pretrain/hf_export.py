@@ -81,6 +81,8 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> d
         # No ZeRO and fp32: the module state in the model file *is* the master copy.
         state = load_checkpoint_file(ckpt_dir / tag / "mp_rank_00_model_states.pt")
         return {k: v.float() for k, v in state["module"].items()}
+    if any((ckpt_dir / tag).glob(BF16_OPTIM_FILES)):
+        return _bf16_optimizer_master(ckpt_dir / tag)
     from deepspeed.utils import zero_to_fp32
 
     # zero_to_fp32 prints what it does ("Processing zero checkpoint ...": five lines, and tqdm progress bars
@@ -89,6 +91,35 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> d
     with safe_deepspeed_loads(ckpt_dir / tag), contextlib.redirect_stdout(io.StringIO()), \
             mock.patch.object(zero_to_fp32, "tqdm", lambda items, **_: items):
         return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+
+
+# DeepSpeed's BF16_Optimizer (bf16 with fp32 gradient accumulation, our bf16 at ZeRO-0/1) writes these;
+# zero_to_fp32 refuses them ("is not a zero checkpoint").
+BF16_OPTIM_FILES = "bf16_zero_pp_rank_*_mp_rank_00_optim_states.pt"
+
+
+def _bf16_optimizer_master(folder: Path) -> dict[str, torch.Tensor]:
+    """The fp32 master weights of a BF16_Optimizer checkpoint: each rank holds a flat fp32 slice of each
+    parameter group (the last padded); in rank order they make the group, cut into its parameters in the
+    order and shapes the model file records (`param_shapes`). Buffers come from the module state."""
+    files = sorted(folder.glob(BF16_OPTIM_FILES), key=lambda f: int(f.name.split("_")[4]))
+    slices = [load_checkpoint_file(f)["optimizer_state_dict"] for f in files]
+    model = load_checkpoint_file(folder / "mp_rank_00_model_states.pt")
+    state: dict[str, torch.Tensor] = {}
+    for g, shapes in enumerate(model["param_shapes"]):
+        flat = torch.cat([s["single_partition_of_fp32_groups"][g] for s in slices])
+        size = sum(shape.numel() for shape in shapes.values())
+        if flat.numel() - sum(s["group_paddings"][g] for s in slices) != size:
+            raise ValueError(f"checkpoint {folder}: its {len(files)} optimizer file(s) hold {flat.numel():,} values of "
+                             f"parameter group {g}, not the {size:,} its parameters need (files missing?)")
+        offset = 0
+        for name, shape in shapes.items():
+            state[name] = flat[offset:offset + shape.numel()].view(shape).clone()
+            offset += shape.numel()
+    for name, source in (model.get("shared_params") or {}).items():
+        state[name] = state[source]
+    state.update({name: model["module"][name].float() for name in model.get("buffer_names") or ()})
+    return state
 
 
 def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run_dir: Path) -> None:

@@ -366,6 +366,31 @@ def test_export_loads_in_transformers_with_our_logits(reference, tmp_path):
     torch.testing.assert_close(hf.seq_relationship_logits, mine.nsp_logits, rtol=1e-4, atol=1e-4)
 
 
+def test_a_bf16_zero1_run_on_two_processes_exports_its_fp32_master_weights(small_corpus, tmp_path):
+    # bf16 at ZeRO-1 (the bert-base preset's) saves DeepSpeed's BF16_Optimizer files, which zero_to_fp32
+    # refused ("is not a zero checkpoint"): no export, finetune, features or init_from of such a run.
+    import torch
+    from safetensors.torch import load_file
+
+    from launch.pretrain.hf_export import load_checkpoint_file
+
+    run = tmp_path / "bf16"
+    run_ok(pretrain_cmd(small_corpus, run, 2, 1, "precision.dtype=bf16", "--max-steps", "2", "--save-every", "0"),
+           tmp_path / "bf16.log")
+    folder = run / "checkpoints" / "global_step2"
+    assert len(list(folder.glob("bf16_zero_pp_rank_*_optim_states.pt"))) == 2  # each rank holds a slice
+    run_ok([str(BERTPIPE), "export", str(run), "--out", str(tmp_path / "hf")], tmp_path / "export.log")
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    module = load_checkpoint_file(folder / "mp_rank_00_model_states.pt")["module"]
+    assert exported["bert.embeddings.word_embeddings.weight"].dtype == torch.float32
+    # The fp32 masters, rounded to bf16, are the bf16 weights the model ran with.
+    torch.testing.assert_close(exported["bert.embeddings.word_embeddings.weight"].bfloat16(),
+                               module["bert.embeddings.word.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(exported["cls.predictions.bias"].bfloat16(), module["mlm.bias"], rtol=0, atol=0)
+    assert not torch.equal(exported["bert.embeddings.word_embeddings.weight"],
+                           module["bert.embeddings.word.weight"].float())  # more than bf16 holds
+
+
 @pytest.mark.slow
 def test_init_from_a_phase1_run_starts_from_its_weights_with_a_fresh_schedule_and_loader(
         small_corpus, reference, tmp_path):
