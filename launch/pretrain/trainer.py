@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from launch.config import save_config, to_dict
-from launch.checkpoint_dirs import RUN_FILES, RUN_MARKER, is_run_dir, read_meta, select_checkpoint
+from launch.checkpoint_dirs import (RUN_FILES, RUN_MARKER, checkpoint_tags, is_run_dir, read_meta, select_checkpoint,
+                                    tag_step)
 from launch.pretrain.checkpoints import convert_to_universal, load_rng, save as save_checkpoint
 from launch.pretrain.process_group import init_distributed, on_rank0, same_on_every_rank, stopped_together
 from launch.pretrain.hf_export import safe_deepspeed_loads
@@ -208,8 +210,21 @@ class Trainer:
             raise ValueError(f"--data {self.data_dir} is not the corpus this run was trained on "
                              f"({meta.get('corpus', {}).get('path', '?')}: its shards, vocabulary or masking settings "
                              f"differ); pass that corpus, or a byte-identical rebuild of it")
+        self._set_aside_newer_than(tag)
         meta["tag"] = tag
         return meta
+
+    def _set_aside_newer_than(self, tag: str) -> None:
+        """Checkpoints newer than the one resumed did not verify (`select_checkpoint` skipped them): moved
+        out of the checkpoint set, not deleted, so that `checkpoint.keep_last` neither keeps them in place of
+        sound ones nor removes what someone may want to inspect."""
+        for newer in checkpoint_tags(self.ckpt_dir):
+            if tag_step(newer) > tag_step(tag.removesuffix("_universal")):
+                aside = self.ckpt_dir / f"damaged-{newer}"
+                shutil.rmtree(aside, ignore_errors=True)  # one set aside before, at the same step
+                os.replace(self.ckpt_dir / newer, aside)
+                log.warning("checkpoint %s did not verify: moved to %s, which no resume reads and checkpoint.keep_last "
+                            "does not count; delete it once you no longer need it", self.ckpt_dir / newer, aside)
 
     def _load(self, meta: dict[str, Any]) -> None:
         tag = meta["tag"]

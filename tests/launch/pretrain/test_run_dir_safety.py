@@ -209,6 +209,13 @@ def test_resume_skips_a_cut_short_checkpoint_for_the_previous_one(run, small_cor
     assert len(skipped) == 1 and str(model_file) in skipped[0] and "has 100000 bytes" in skipped[0], skipped
     assert "resumed from global_step4" in done.stderr
     assert metrics(out) == metrics(run)
+    # Set aside, not counted by keep_last: a damaged newer folder used to be kept in place of sound ones
+    # (saves at other steps than its own never replaced it) while those were deleted.
+    aside = out / "checkpoints" / "damaged-global_step6"
+    assert (aside / "mp_rank_00_model_states.pt").stat().st_size == 100_000
+    assert f"moved to {aside}" in done.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("global_step")) == [
+        "global_step4", "global_step6", "global_step8"]
 
 
 @pytest.mark.slow
