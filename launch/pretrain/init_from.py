@@ -37,6 +37,8 @@ def load_init_from(path: str, bert_cfg: Any, vocab_file: Path) -> torch.nn.Modul
                          f"phase 2 must use the phase-1 vocabulary")
     run_fields = {f.name: getattr(bert_cfg, f.name) for f in dataclasses.fields(bert_cfg) if f.name not in ARCHITECTURE}
     model, report = load_pretrained(BertForPreTraining, hf_dir, config_overrides=run_fields)
+    if model.config.vocab_size < bert_cfg.vocab_size:
+        model = _with_padded_rows(model, bert_cfg.vocab_size)
     differ = [f"{name} {getattr(model.config, name)} there, {getattr(bert_cfg, name)} here" for name in ARCHITECTURE
               if getattr(model.config, name) != getattr(bert_cfg, name)]
     if differ:
@@ -46,3 +48,23 @@ def load_init_from(path: str, bert_cfg: Any, vocab_file: Path) -> torch.nn.Modul
         raise ValueError(f"{hf_dir} lacks {', '.join(report.missing_keys[:5])}; init_from needs a pre-training checkpoint")
     log.info("initialised from %s", hf_dir)
     return model
+
+
+def _with_padded_rows(model: torch.nn.Module, vocab_size: int) -> torch.nn.Module:
+    """`model` with `vocab_size` vocabulary rows: a phase-1 run trained with a padded `model.vocab_size`
+    is exported with its real rows only (the rows no token id reaches are dropped), so this run's padded
+    config found 30522 "there" against its own 30600 and refused. The extra rows are drawn afresh, as in
+    any new model of this size (the trainer seeded the draw)."""
+    from model import BertForPreTraining
+
+    padded = BertForPreTraining(dataclasses.replace(model.config, vocab_size=vocab_size))
+    state, rows = model.state_dict(), model.config.vocab_size
+    mine = padded.state_dict()
+    for name, tensor in state.items():
+        if name.endswith(("embeddings.word.weight", "mlm.bias")):
+            tensor = torch.cat([tensor[:rows], mine[name][rows:]])
+        mine[name] = tensor
+    padded.load_state_dict(mine)
+    log.info("init_from: %d vocabulary rows from the checkpoint, %d padding rows drawn afresh (model.vocab_size %d)",
+             rows, vocab_size - rows, vocab_size)
+    return padded

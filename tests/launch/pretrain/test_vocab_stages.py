@@ -128,3 +128,25 @@ def test_padded_vocab_run_exports_the_real_rows_and_loads_in_transformers(stages
     assert emb.shape[0] == vocab_size
     assert torch.equal(emb, trained["bert.embeddings.word.weight"][:vocab_size])
     assert torch.equal(model.cls.predictions.bias, trained["mlm.bias"][:vocab_size])
+
+
+def test_a_padded_phase_1_run_starts_phase_2_with_the_same_padded_vocab_size(stages, tmp_path):
+    # Its export keeps the real rows only; phase 2 with the very same model.vocab_size was refused
+    # ("vocab_size 30522 there, 30528 here") though the user had set it as told.
+    from launch.pretrain.hf_export import load_checkpoint_file
+
+    s = stages["uncased"]
+    rows = sum(1 for _ in open(s["vocab"], encoding="utf-8"))
+    run = tmp_path / "phase2"
+    cmd = [sys.executable, "-m", "launch.cli", "pretrain", "--config", "tiny", "--data", str(s["corpus"]), "--out",
+           str(run), "--nproc", "1", "--max-steps", "1", "--model.vocab-size", str(rows + PAD_ROWS),
+           "--data.global-batch-size", "8", "--data.micro-batch-size", "8", "--checkpoint.init-from", str(s["run"]),
+           "--optim.lr", "1e-12"]  # one step that barely moves the weights
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{rows} vocabulary rows from the checkpoint, {PAD_ROWS} padding rows drawn afresh" in done.stderr
+    from safetensors.torch import load_file
+
+    start = load_file(s["hf"] / "model.safetensors")["bert.embeddings.word_embeddings.weight"]
+    after = load_checkpoint_file(run / "checkpoints" / "global_step1" / "mp_rank_00_model_states.pt")["module"]
+    torch.testing.assert_close(after["bert.embeddings.word.weight"][:rows], start, rtol=0, atol=1e-6)
