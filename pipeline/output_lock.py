@@ -41,7 +41,8 @@ def lock_beside(out: Path) -> Path:
 
 
 class OutputLocked(ValueError):
-    """Another live process writes this output directory (a user error: the message says what to do)."""
+    """Another live process writes this output directory, or it is a file (a user error: the message says
+    what to do)."""
 
 
 def _start_time(pid: int) -> str | None:
@@ -81,7 +82,7 @@ class OutputLock:
         if "://" in str(self.out):
             return self
         if self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"--out {self.out} is a file; pass a directory")
+            raise OutputLocked(f"--out {self.out} is a file; pass a directory")
         # A directory we create only to hold the lock is removed again if the command leaves it empty
         # (a refused command must not leave an empty output folder behind).
         self._created = not self.path.parent.exists()

@@ -189,9 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     setup_logging()  # before DeepSpeed is imported (below): what it logs at import goes through our filter
+    from pipeline.output_lock import OutputLocked
+
     try:
         with run_dir_lock(args.out):
             return train_and_report(lambda: build_trainer(args), lambda message: log.error("%s", message))
+    except OutputLocked as err:  # rank 0, before any group: a second writer, or --out a file
+        log.error("%s", err)
+        return 2
     except Exception as err:  # noqa: BLE001 - a full disk or a lost peer becomes one line; anything else re-raises
         code = report_fault(err, args.out)
         if code is None:

@@ -187,6 +187,23 @@ def stopped_after(run: Path, dest: Path, saved: int, logged: int) -> Path:
 
 
 @pytest.mark.slow
+def test_an_out_that_is_a_file_is_one_line_and_exit_2_from_the_cli_and_a_launched_rank(small_corpus, tmp_path):
+    # It was a ValueError traceback, exit 1: a fault, which a scheduler retries.
+    from launch.pretrain.launcher import free_port
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", afile, "--nproc", "1", "--config", "tiny")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"bertpipe pretrain: error: --out {afile} is a file; pass a directory"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    done = subprocess.run([sys.executable, "-m", "launch.pretrain", "--data", str(small_corpus), "--out", str(afile),
+                           "--config", "tiny"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"--out {afile} is a file; pass a directory" in done.stderr and afile.read_text() == "mine"
+
+
 def test_resume_without_latest_continues_from_the_newest_checkpoint(run, small_corpus, tmp_path):
     out = stopped_after(run, tmp_path / "run", saved=6, logged=7)
     (out / "checkpoints" / "latest").unlink()
