@@ -32,6 +32,9 @@ def load_init_from(path: str, bert_cfg: Any, vocab_file: Path) -> torch.nn.Modul
     # A RUN dir is verified and exported on first use by rank 0 alone (concurrent exports of the
     # same folder would replace each other under the readers' feet); every rank reads the result.
     hf_dir = on_rank0(lambda: resolve_checkpoint(Path(path)))
+    if not (hf_dir / "vocab.txt").is_file():  # an HF directory may come without one: a FileNotFoundError traceback
+        raise ValueError(f"checkpoint.init_from {hf_dir} has no vocab.txt, so it cannot be checked against the corpus "
+                         f"vocabulary; copy the phase-1 vocab.txt ({vocab_file} if it is this corpus's) into it")
     if sha256_file(hf_dir / "vocab.txt") != sha256_file(vocab_file):
         raise ValueError(f"{hf_dir / 'vocab.txt'} differs from the corpus vocabulary {vocab_file}; "
                          f"phase 2 must use the phase-1 vocabulary")

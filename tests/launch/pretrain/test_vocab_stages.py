@@ -150,3 +150,15 @@ def test_a_padded_phase_1_run_starts_phase_2_with_the_same_padded_vocab_size(sta
     start = load_file(s["hf"] / "model.safetensors")["bert.embeddings.word_embeddings.weight"]
     after = load_checkpoint_file(run / "checkpoints" / "global_step1" / "mp_rank_00_model_states.pt")["module"]
     torch.testing.assert_close(after["bert.embeddings.word.weight"][:rows], start, rtol=0, atol=1e-6)
+
+
+def test_init_from_an_hf_directory_without_vocab_txt_is_one_line(stages, tmp_path):
+    # A FileNotFoundError traceback on rank 0, exit 1
+    s = stages["uncased"]
+    hf = Path(shutil.copytree(s["bare"], tmp_path / "novocab"))
+    (hf / "vocab.txt").unlink()
+    cmd = [sys.executable, "-m", "launch.cli", "pretrain", "--config", "tiny", "--data", str(s["corpus"]), "--out",
+           str(tmp_path / "run"), "--nproc", "1", "--max-steps", "1", "--checkpoint.init-from", str(hf)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"checkpoint.init_from {hf} has no vocab.txt" in done.stderr
