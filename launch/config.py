@@ -9,6 +9,7 @@ next to a run's output. The DeepSpeed JSON is *generated* from this tree, never 
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 import typing
@@ -111,6 +112,10 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a mapping, strictly: unknown keys and wrong types are errors."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:  # `1: 2` or `null: 2` in a YAML file (a TypeError traceback)
+        raise ValueError(f"config key {odd[0]!r}{' under ' + prefix.rstrip('.') if prefix else ''} is not a name; "
+                         f"valid keys here: {', '.join(prefix + k for k in fields)}")
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ValueError(
@@ -184,10 +189,31 @@ def resolve_preset(name_or_path: str | Path) -> Path:
     raise ValueError(f"no config file or preset named {name_or_path!r}; presets: {', '.join(names) or 'none'}")
 
 
+class StrictYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML keeps the
+    last, so a second `optim:` section silently replaced the first."""
+
+
+def _mapping_without_repeats(loader: StrictYamlLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, collections.abc.Hashable):
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
+                    "the second would replace the first", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep)
+
+
+StrictYamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=StrictYamlLoader) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"config file {path} is not valid YAML: {yaml_problem(err)}; fix the YAML there") from None
     except UnicodeDecodeError:
@@ -195,7 +221,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         # Not `{path}: ...`: a relative path like `c.yaml` would read as a config key.
         raise ValueError(f"config file {path}: expected a mapping of config keys at the top level")
-    data.pop("defaults", None)  # reserved for future preset inheritance; harmless
+    if "defaults" in data:  # it was dropped without a word, and a BERT-base model trained where tiny was meant
+        raise ValueError(f"config file {path}: `defaults:` is not supported; pass the preset as --config PRESET and "
+                         "your changes as flags, or copy the preset's keys into this file")
     return data
 
 

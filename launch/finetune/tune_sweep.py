@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from launch.config import coerce_field, from_dict, to_dict
+from launch.config import StrictYamlLoader, coerce_field, from_dict, to_dict, yaml_problem
 from launch.finetune import table7
 from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.local_ray import check_trial_fits, ray_session
@@ -85,7 +85,10 @@ def load_grid(grid: str | Path | dict[str, Any]) -> dict[str, list[Any]]:
         path = Path(grid)
         if not path.is_file():
             raise ValueError(f"--grid {grid!r} is neither {' / '.join([*GRIDS, table7.NAME])} nor an existing YAML file")
-        raw = yaml.safe_load(path.read_text()) or {}
+        try:
+            raw = yaml.load(path.read_text(encoding="utf-8"), Loader=StrictYamlLoader) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"--grid {path} is not valid YAML: {yaml_problem(err)}; fix the YAML there") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: a grid file maps config fields to lists, e.g. `lr: [5e-5, 3e-5]`")
     fields = {f.name for f in dataclasses.fields(FinetuneConfig)} - {"task", "data_dir", "checkpoint", "out", "seed"}
