@@ -70,8 +70,16 @@ class BertConfig:
     pad_vocab_multiple: int = 1
 
     def __post_init__(self) -> None:
-        if self.vocab_size <= 0:
-            raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
+        # Each below its least: a ZeroDivisionError, an IndexError in the first step or an init that raises.
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.layer_norm_eps > 0 or not self.initializer_range >= 0:
+            raise ValueError(f"layer_norm_eps must be positive and initializer_range 0 or more, got "
+                             f"{self.layer_norm_eps} and {self.initializer_range}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id must be an id of the vocabulary (0 to {self.vocab_size - 1}), got {self.pad_token_id}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "

@@ -204,6 +204,9 @@ _SEED = ((lambda v: 0 <= v < 2**64), "an integer in [0, 2**64)")  # what torch.m
 _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": _SEED,
     "model.vocab_size": _or_null(_count(1)),
+    # torch.compile's own modes: another raised mid-setup, outside the eager fallback
+    "model.compile_mode": ((lambda v: v in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")),
+                           "null or a torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
     "data.seed": _SEED,
     "data.micro_batch_size": _count(1),
     "data.global_batch_size": _count(1),
@@ -257,9 +260,12 @@ def model_fields(model: ModelSection) -> dict[str, Any]:
     except ValueError as err:
         raise ValueError(f"--model.preset: {err}") from None
     try:  # BertConfig's own checks (dropout in [0, 1), heads dividing hidden_size), named here
-        BertConfig.preset(model.preset, **out)
+        bert = BertConfig.preset(model.preset, **out)
     except ValueError as err:
         raise ValueError(f"model.fields: {err}") from None
+    if bert.type_vocab_size < 2:  # an IndexError in the first step: every NSP pair has a segment B
+        raise ValueError(f"model.fields type_vocab_size={bert.type_vocab_size}: pre-training's sentence pairs need "
+                         "segment ids 0 and 1; leave it at 2")
     return out
 
 
