@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
+from launch.finetune.checkpoint import load_tokenizer, open_checkpoint
 from launch.finetune.encoding import LengthGroupedBatches, collate, text_features
 from launch.finetune.glue import GLUE_TASKS, read_split
 from model.heads import BertForSequenceClassification

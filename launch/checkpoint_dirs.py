@@ -16,9 +16,8 @@ one skipped is named, with why, in one log line), whose `.pt` files then hold no
 DeepSpeed classes in `DEEPSPEED_SAFE_GLOBALS` (`launch.pretrain.hf_export`; else it is refused: a file that could run code is
 never loaded, and never silently passed over). A missing `latest` is no reason to start again.
 
-Fine-tuning: `open_checkpoint` also checks the vocabulary. The tokenizer is built from the
-checkpoint's own `vocab.txt`, so the ids always match the embedding rows; a user-supplied `--vocab`
-must be the same vocabulary, else the run stops before training.
+Fine-tuning opens a checkpoint through `launch.finetune.checkpoint.open_checkpoint`, which also checks
+its vocabulary.
 """
 
 from __future__ import annotations
@@ -28,13 +27,10 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launch.finetune.examples import DataError
 from pipeline.manifest import sha256_file
-from pipeline.vocab import build_tokenizer, check_embedding_rows, declared_lowercase, read_vocab_tokens, vocab_is_cased
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +72,11 @@ def is_run_dir(path: Path) -> bool:
 def read_latest(ckpt_dir: Path) -> str | None:
     """The tag `checkpoints/latest` names (None without one): a hint; `select_checkpoint` decides."""
     latest = ckpt_dir / "latest"
-    return latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
+    try:
+        return latest.read_text(encoding="utf-8").strip() if latest.is_file() else None
+    except UnicodeDecodeError:  # damaged: only a hint, and the newest verified checkpoint is chosen anyway
+        logger.warning("%s is not text (damaged): going by the checkpoints themselves", latest)
+        return None
 
 
 def read_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:
@@ -157,9 +157,14 @@ def select_checkpoint(ckpt_dir: Path, tag: str | None = None) -> str:
                              + "; restore the run directory or start a new run with another --out")
         latest = read_latest(ckpt_dir)
         if latest is None:
-            logger.warning("%s is missing: using the newest complete checkpoint, %s", ckpt_dir / "latest", tag)
-        elif latest != tag and not skipped:  # saved, but the run stopped before `latest` moved
+            logger.warning("%s is %s: using the newest complete checkpoint, %s", ckpt_dir / "latest",
+                           "damaged" if (ckpt_dir / "latest").is_file() else "missing", tag)
+        elif latest != tag and not skipped and (tag_step(latest) or -1) < tag_step(tag):
+            # saved, but the run stopped before `latest` moved
             logger.info("%s names %s; %s is newer and complete: using it", ckpt_dir / "latest", latest, tag)
+        elif latest != tag and not skipped:  # the folder it names is gone (deleted by hand)
+            logger.warning("%s names %s, which is not among the checkpoints; using the newest complete one, %s",
+                           ckpt_dir / "latest", latest, tag)
     if "files" not in read_meta(ckpt_dir, tag):  # written before bertpipe recorded them
         logger.warning("%s records no file sizes or sha256s: its files are loaded unverified", ckpt_dir / tag / META)
     check_tensor_files(ckpt_dir / tag)  # never a fallback: a file that could run code is someone's doing
@@ -387,63 +392,3 @@ def _place(tmp: Path, out: Path) -> None:
     if kept:
         logger.warning("%s also holds %d file(s) bertpipe did not write, left as they are: %s", out, len(kept),
                        ", ".join(kept[:5]))
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    hf_dir: Path
-    vocab_file: Path
-    vocab_size: int  # tokens in vocab.txt
-    lowercase: bool
-
-
-def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkpoint:
-    """Validate a checkpoint directory before any training: BERT weights, config, a matching vocab."""
-    path = Path(path)
-    if not path.is_dir():
-        raise DataError(f"checkpoint {path} is not a directory; pass a bertpipe RUN directory or a Hugging Face model directory")
-    try:
-        hf_dir = resolve_checkpoint(path)
-    except ValueError as err:
-        raise DataError(str(err)) from None
-    config_file = hf_dir / "config.json"
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise DataError(f"{config_file} cannot be read as JSON ({err}); the checkpoint's config is damaged") from None
-    if not isinstance(config, dict):
-        raise DataError(f"{config_file} holds a JSON {type(config).__name__}, not an object of settings; not a model config")
-    if config.get("model_type", "bert") != "bert":
-        raise DataError(f"{hf_dir} holds a {config.get('model_type')!r} model, not BERT")
-    vocab_file = hf_dir / "vocab.txt"
-    if not vocab_file.is_file():
-        raise DataError(f"{hf_dir} has no vocab.txt; the fine-tuning tokenizer must use the checkpoint's own vocabulary")
-    try:
-        tokens = read_vocab_tokens(vocab_file.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError as err:
-        raise DataError(f"{vocab_file} is not UTF-8 text ({err.reason} at byte {err.start}); a vocab.txt holds one "
-                        "token per line in UTF-8") from None
-    try:
-        check_embedding_rows(len(tokens), int(config.get("vocab_size", len(tokens))), vocab=str(vocab_file),
-                             model=f"checkpoint {hf_dir}")
-    except ValueError as err:
-        raise DataError(str(err)) from None
-    if vocab is not None:
-        user = Path(vocab)
-        if not user.is_file():
-            raise DataError(f"--vocab {user} does not exist")
-        if sha256_file(user) != sha256_file(vocab_file):
-            raise DataError(
-                f"--vocab {user} is not the vocabulary of checkpoint {path} ({vocab_file}); "
-                "drop --vocab (the checkpoint's own is used) or pass the checkpoint it was trained with"
-            )
-    for special in ("[CLS]", "[SEP]", "[PAD]", "[UNK]"):
-        if special not in tokens:
-            raise DataError(f"{vocab_file} lacks the special token {special}; not a BERT WordPiece vocabulary")
-    declared = declared_lowercase(hf_dir)  # tokenizer_config.json's do_lower_case, else the vocabulary's casing
-    return Checkpoint(hf_dir, vocab_file, len(tokens), not vocab_is_cased(tokens) if declared is None else declared)
-
-
-def load_tokenizer(ckpt: Checkpoint):
-    """A fast WordPiece tokenizer (HF `tokenizers`) over the checkpoint's vocab, no padding/truncation."""
-    return build_tokenizer(ckpt.vocab_file.read_text(encoding="utf-8-sig"), ckpt.lowercase)

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from launch.config import save_config
-from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
+from launch.finetune.checkpoint import load_tokenizer, open_checkpoint
 from launch.finetune.device import pick_device
 from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.history import TrainingHistory

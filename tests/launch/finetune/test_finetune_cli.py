@@ -41,7 +41,7 @@ def test_sst2_outputs_and_saved_model_round_trip(tiny_checkpoint, tmp_path, caps
     assert (out / "confusion_matrix.png").stat().st_size > 1000
     assert (out / "config.yaml").is_file()
     # The saved HF model reloads and reproduces the written dev predictions.
-    from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
+    from launch.finetune.checkpoint import load_tokenizer, open_checkpoint
     from launch.finetune.encoding import collate, text_features
     from launch.finetune.glue import GLUE_TASKS, read_split
     from model.heads import BertForSequenceClassification

@@ -61,6 +61,23 @@ def test_latest_missing_never_means_step_zero(ckpt_dir, caplog):
         select_checkpoint(ckpt_dir)
 
 
+def test_a_latest_that_is_not_text_or_names_a_deleted_folder_is_only_a_hint(ckpt_dir, caplog):
+    # Not text: resume and export stopped on "'utf-8' codec can't decode byte 0xff", naming no file.
+    (ckpt_dir / "latest").write_bytes(b"\xff\xfe")
+    with caplog.at_level(logging.INFO):
+        assert select_checkpoint(ckpt_dir) == "global_step6"
+    assert f"{ckpt_dir / 'latest'} is not text (damaged)" in caplog.text
+    assert "latest is damaged: using the newest complete checkpoint, global_step6" in caplog.text
+    # The folder it names deleted by hand: step 4 was said to be "newer" than step 6.
+    caplog.clear()
+    (ckpt_dir / "latest").write_text("global_step6\n")
+    shutil.rmtree(ckpt_dir / "global_step6")
+    with caplog.at_level(logging.INFO):
+        assert select_checkpoint(ckpt_dir) == "global_step4"
+    assert "names global_step6, which is not among the checkpoints; using the newest complete one, global_step4" \
+        in caplog.text and "newer" not in caplog.text
+
+
 def test_metadata_that_does_not_parse_names_its_file(ckpt_dir):
     meta = ckpt_dir / "global_step6" / META
     meta.write_text('{"step": 6, "fi')

@@ -73,7 +73,7 @@ def stages(tmp_path_factory) -> dict[str, dict[str, Path]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("casing", ["uncased", "cased"])
 def test_every_stage_decides_the_same_casing_and_tokenizes_alike(stages, casing):
-    from launch.checkpoint_dirs import load_tokenizer, open_checkpoint
+    from launch.finetune.checkpoint import load_tokenizer, open_checkpoint
     from launch.finetune.feature_extraction import load_tokenizer as features_tokenizer
     from pipeline.manifest import read_manifest
     from pipeline.tokenize import build_tokenizer
