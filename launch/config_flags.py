@@ -105,6 +105,11 @@ def _bool_value(text: str) -> bool:
     return value
 
 
+def _bool_or_null(text: str) -> bool | None:
+    """An optional switch (`--model.compile null`: auto, as its help says) also takes null."""
+    return None if _yaml_value(text) is None else _bool_value(text)
+
+
 def _text_or_null(text: str) -> str | None:
     return None if text in ("null", "None", "~") else text
 
@@ -157,7 +162,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: 
         optional = base is not annotation
         if base is bool:
             # `--x`, `--x true|false` and `--no-x` all work: people write both styles.
-            kwargs.update(nargs="?", const=True, type=_bool_value, metavar="true|false")
+            kwargs.update(nargs="?", const=True, type=_bool_or_null if optional else _bool_value,
+                          metavar="true|false|null" if optional else "true|false")
             names = [flag_names.get(dotted, _flag_of(path)), *aliases.get(dotted, ())]
             negative = "--" + ".".join([*(p.replace("_", "-") for p in path[:-1]), "no-" + path[-1].replace("_", "-")])
             kwargs["help"] = kwargs["help"][:-1] + f"; {negative} = false)"

@@ -142,7 +142,7 @@ class CheckpointSection:
 @dataclass
 class LogSection:
     """log_every: steps between metrics lines.
-    eval_every: steps between held-out evaluations (0 = off).
+    eval_every: steps between held-out evaluations (0: only after the last step; every run ends with one).
     eval_samples: held-out samples per evaluation.
     tensorboard: write TensorBoard events to RUN/tensorboard/.
     progress_bar: a progress bar on rank 0.
@@ -153,7 +153,7 @@ class LogSection:
     """
 
     log_every: int = 1  # steps between metrics lines
-    eval_every: int = 500  # steps between held-out evaluations (0 = off)
+    eval_every: int = 500  # steps between held-out evaluations (0: only after the last step)
     eval_samples: int = 2048  # held-out samples per evaluation
     tensorboard: bool = True  # write TensorBoard events to RUN/tensorboard/
     progress_bar: bool = True  # a progress bar on rank 0
@@ -233,7 +233,7 @@ _RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "checkpoint.save_every": (lambda v: v >= 0, "0 (only at the end) or more"),
     "checkpoint.keep_last": _count(1),
     "log.log_every": _count(1),
-    "log.eval_every": (lambda v: v >= 0, "0 (off) or more"),
+    "log.eval_every": (lambda v: v >= 0, "0 (only after the last step) or more"),
     "log.eval_samples": _count(1),
     "log.peak_tflops": _or_null(_real(0, open_low=True)),
     "log.max_nonfinite_steps": _count(1),

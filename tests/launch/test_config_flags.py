@@ -57,6 +57,23 @@ def test_a_list_flag_given_twice_adds_up():
     assert config_from_args(_parse([])[1], Outer).files == []
 
 
+def test_an_optional_switch_takes_null_as_its_help_says():
+    # `--model.compile null` ("true, false, null = auto") was refused: "expected true or false, got 'null'"
+    @dataclass
+    class Switches:
+        auto: Optional[bool] = True  # true, false, null = auto
+        plain: bool = False
+
+    def parse(argv):
+        parser = argparse.ArgumentParser()
+        add_config_flags(parser, Switches)
+        return config_from_args(parser.parse_args(argv), Switches)
+
+    assert parse(["--auto", "null"]).auto is None and parse(["--auto", "false"]).auto is False
+    with pytest.raises(SystemExit):
+        parse(["--plain", "null"])
+
+
 def test_field_docs_from_comments_and_docstring():
     assert field_docs(Outer)["count"] == "how many; null = all"
     assert field_docs(Inner)["rate"] == "how fast it goes (two lines)."
