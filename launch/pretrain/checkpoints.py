@@ -117,8 +117,16 @@ def _prune(ckpt_dir: Path, keep_last: int, current: int) -> None:
     for step in steps[:-keep_last]:
         shutil.rmtree(ckpt_dir / tag_for(step), ignore_errors=True)
         shutil.rmtree(ckpt_dir / f"{tag_for(step)}_universal", ignore_errors=True)
-    for stale in ckpt_dir.glob(".staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_unfinished(ckpt_dir)
+
+
+def remove_unfinished(ckpt_dir: Path) -> int:
+    """Delete the folders of saves that never finished (`.staging-<tag>`, `.old-<tag>`): never a complete
+    checkpoint, and after a full disk they hold the space a resume needs. Returns how many."""
+    stale = [*ckpt_dir.glob(".staging-*"), *ckpt_dir.glob(".old-*")]
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(stale)
 
 
 # DeepSpeed's converter, run with every torch.load it makes forced to weights_only and our allow-list.

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from launch.config import save_config, to_dict
 from launch.checkpoint_dirs import (RUN_FILES, RUN_MARKER, checkpoint_tags, is_run_dir, read_meta, select_checkpoint,
                                     tag_step)
-from launch.pretrain.checkpoints import convert_to_universal, load_rng, save as save_checkpoint
+from launch.pretrain.checkpoints import convert_to_universal, load_rng, remove_unfinished, save as save_checkpoint
 from launch.pretrain.process_group import init_distributed, on_rank0, same_on_every_rank, stopped_together
 from launch.pretrain.hf_export import safe_deepspeed_loads
 from launch.pretrain.init_from import load_init_from
@@ -41,8 +41,9 @@ from pipeline.output_lock import mark_output, refuse_others_files
 
 log = logging.getLogger(__name__)
 # Settings a resumed run must share with the checkpoint, or the sample sequence / model differ.
-_RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_masking", "model", "optim.name",
-                      "zero.stage", "precision.dtype")  # the last two: DeepSpeed's state files differ
+# How the model runs (model.activation_checkpointing, model.compile) may change: none of its state does.
+_RESUME_INVARIANTS = ("data.seed", "data.global_batch_size", "data.dynamic_masking", "model.preset", "model.vocab_size",
+                      "model.fields", "optim.name", "zero.stage", "precision.dtype")  # the last two: DeepSpeed's files
 
 
 def _dotted(tree: dict[str, Any], key: str) -> Any:
@@ -186,13 +187,22 @@ class Trainer:
     def _checked_checkpoint(self) -> dict[str, Any]:
         """The checkpoint to resume from and its meta (its tag included), or a ValueError that says why
         this run cannot continue from it with these settings and this corpus."""
+        if remove_unfinished(self.ckpt_dir):  # a save cut short (a full disk, a kill): the space it held is back
+            log.info("removed the unfinished save(s) in %s", self.ckpt_dir)
         tag = select_checkpoint(self.ckpt_dir)
         meta = read_meta(self.ckpt_dir, tag)
         mine = to_dict(self.cfg)
         for key in _RESUME_INVARIANTS:
-            if _dotted(meta["config"], key) != _dotted(mine, key):
-                raise ValueError(f"{key} differs from the checkpoint's ({_dotted(meta['config'], key)!r} there, "
-                                 f"{_dotted(mine, key)!r} now); resume with the run's own setting")
+            there, now = _dotted(meta["config"], key), _dotted(mine, key)
+            if there != now and isinstance(there, dict) and isinstance(now, dict):  # model.fields: name the field
+                key, there, now = next((f"{key}.{k}", there.get(k), now.get(k)) for k in sorted({*there, *now})
+                                       if there.get(k) != now.get(k))
+            if there != now:
+                raise ValueError(f"{key} differs from the checkpoint's ({there!r} there, {now!r} now); resume with "
+                                 f"the run's own setting")
+        if meta["step"] > self.cfg.schedule.total_steps:  # it finished "at once" and rewrote config.yaml's total
+            raise ValueError(f"the run is at step {meta['step']} already; --max-steps {self.cfg.schedule.total_steps} "
+                             f"is behind it: pass more steps to continue, or export the run as it is")
         # Allowed (extending a run with --max-steps, lowering the lr after a spike), but never silently:
         # from here on the lr follows the new curve, not the one the checkpoint was trained on.
         changed = []

@@ -84,10 +84,12 @@ def test_pretrain_on_a_full_disk_keeps_the_last_checkpoint_and_resumes_exactly(t
     line = _one_error_line(done, "pretrain", disk)
     assert "--resume" in line
     assert (out / "checkpoints" / "latest").read_text().strip() == "global_step2"
+    assert list((out / "checkpoints").glob(".staging-*"))  # the save cut short holds the disk
 
     tmpfs.resize(disk, 8 * checkpoint_bytes + 16 * 1024 * 1024)
     done = _run([*argv, "--resume"])
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "removed the unfinished save(s)" in done.stderr  # first thing: its space is the resume's
     ours, reference = _losses(out), _losses(reference_run)
     assert ours == reference, "after freeing space, --resume must give the uninterrupted run's losses"
 

@@ -204,6 +204,23 @@ def test_an_out_that_is_a_file_is_one_line_and_exit_2_from_the_cli_and_a_launche
     assert f"--out {afile} is a file; pass a directory" in done.stderr and afile.read_text() == "mine"
 
 
+def test_resume_names_the_model_field_that_differs_allows_how_the_model_runs_and_refuses_fewer_steps(
+        run, small_corpus, tmp_path):
+    # The whole model section was compared: turning activation checkpointing on after running out of memory
+    # was refused (with two dicts printed); and --max-steps below the run's step "finished" and rewrote config.yaml.
+    out = stopped_after(run, tmp_path / "run", saved=6, logged=6)
+    for extra, message in [(["--model.fields", "hidden_dropout_prob=0.0"],
+                            "model.fields.hidden_dropout_prob differs from the checkpoint's (None there, 0.0 now)"),
+                           (["--max-steps", "4"], "the run is at step 6 already; --max-steps 4 is behind it")]:
+        done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "1", *TRAIN, *extra, "--resume")
+        assert done.returncode == 2 and message in done.stderr, done.stderr[-3000:]
+    assert "total_steps: 8" in (out / "config.yaml").read_text()
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN,
+                    "--model.activation-checkpointing", "true", "--resume")
+    assert done.returncode == 0 and "resumed from global_step6" in done.stderr, done.stderr[-3000:]
+    assert metrics(out) == metrics(run)  # recomputing activations changes no loss
+
+
 def test_resume_without_latest_continues_from_the_newest_checkpoint(run, small_corpus, tmp_path):
     out = stopped_after(run, tmp_path / "run", saved=6, logged=7)
     (out / "checkpoints" / "latest").unlink()
