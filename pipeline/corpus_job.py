@@ -324,6 +324,9 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     shard_infos = sorted(_read_jsonl(FileSystems.join(tmp, "shards*")), key=lambda s: (s["split"] != "train", s["path"]))
     # Checked before the manifest is written: a failed corpus stays recognisably unfinished.
     _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files))
+    if not any(s["num_instances"] for s in shard_infos if s["split"] == "train"):  # the documents that train made none
+        raise ValueError(f"every instance went to the heldout split, none to training (--heldout-fraction "
+                         f"{config.heldout_fraction} of a few documents); lower --heldout-fraction or add input")
     if not (config.vocab and same_file(FileSystems.join(out, "vocab.txt"), config.vocab)):  # else: already these bytes
         with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
             f.write(vocab_text.encode("utf-8"))
