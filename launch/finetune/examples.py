@@ -119,7 +119,10 @@ class SkipCounter:
 
 
 def finite_score(raw) -> float:
-    """A regression target: a number, and finite (one NaN or inf makes the loss NaN and every correlation NaN)."""
+    """A regression target: a number, and finite (one NaN or inf makes the loss NaN and every correlation NaN);
+    not JSON's true/false, which float() reads as 1.0 and 0.0."""
+    if isinstance(raw, bool):
+        raise ValueError(f"{raw!r} is a yes/no value, not a score")
     value = float(raw)
     if not math.isfinite(value):
         raise ValueError(f"{raw!r} is not finite")

@@ -132,6 +132,8 @@ def _label_text(raw: Any) -> str:
     missing value as floats): both are "1", as CSV's 1 is."""
     if isinstance(raw, float) and raw.is_integer():
         return str(int(raw))
+    if isinstance(raw, bool):  # JSON's true: "true", as a CSV would spell it, not Python's "True"
+        return "true" if raw else "false"
     return str(raw).strip()
 
 

@@ -295,6 +295,12 @@ def test_user_labels_one_number_one_class_and_a_label_across_lines_is_malformed(
                                           '{"text": "fine", "label": 1.0}\n{"text": "meh", "label": "0"}\n')
     (tmp_path / "dev.jsonl").write_text('{"text": "nice", "label": 1}\n')
     assert load("classify", tmp_path).labels == ("0", "1")
+    # JSON's true/false: classes "true"/"false" as a CSV spells them (were Python's "True"); never a score
+    (tmp_path / "train.jsonl").write_text('{"text": "good", "label": true}\n{"text": "bad", "label": false}\n')
+    (tmp_path / "dev.jsonl").write_text('{"text": "nice", "label": true}\n')
+    assert load("classify", tmp_path).labels == ("false", "true")
+    with pytest.raises(DataError, match=r"train.jsonl:1: label True is not a finite number"):
+        load("regress", tmp_path)
     # an unclosed CSV quote swallowed three rows into one label, which became a class
     csv_dir = tmp_path / "csv"
     csv_dir.mkdir()
