@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging()
-    from pipeline.download.errors import DownloadError
+    from pipeline.download.errors import ChecksumMismatchError, DiskFullError, DownloadError, NetworkError
     from pipeline.download.http import RetryPolicy
 
     if args.jobs < 1 or args.retries < 0 or args.backoff < 0 or args.timeout <= 0:
@@ -82,12 +82,18 @@ def run(args: argparse.Namespace) -> int:
         if args.what == "wikipedia":
             return _wikipedia(args, policy, show)
         return _books(args, policy, show)
+    except (NetworkError, DiskFullError, ChecksumMismatchError) as err:
+        # Faults, not a flag to change: exit 1, which schedulers retry (the download Job fails at once on 2).
+        print(f"bertpipe download: error: {err}", file=sys.stderr)
+        return 1
     except (DownloadError, ValueError) as err:
         raise CliError(str(err)) from None
     except OSError as err:  # e.g. --out on a read-only or unwritable path, or a full disk
         full = disk_full_message(err, args.out)
         if full:
-            raise CliError(f"{full} (finished and partly fetched files are kept and resumed)") from None
+            print(f"bertpipe download: error: {full} (finished and partly fetched files are kept and resumed)",
+                  file=sys.stderr)
+            return 1
         raise CliError(f"{err}; check that --out is a writable directory and rerun (finished files are kept)") from None
 
 

@@ -1,8 +1,8 @@
 """Download errors. Each message says what happened and what the user should do next.
 
-The CLI turns any `DownloadError` into a `CliError` (exit code 2, no traceback), so the message is
-all the user sees: it names the URL or file, and the next step (another date, rerun to resume,
-free disk space, delete a corrupt partial file).
+The CLI prints the message in one line (no traceback), so the message is all the user sees: it names
+the URL or file, and the next step (another date, rerun to resume, free disk space, delete a corrupt
+partial file). Network, checksum and disk-space errors exit 1 (a fault: a retry may mend it), the rest 2.
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ def test_wikipedia_cut_off_download_resumes_via_the_cli(mirror, dump_names, tmp_
     out = tmp_path / "raw"
     rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url,
                        "--retries", "0", "--no-progress"], capsys)
-    assert rc == 2 and f"{name}.part (200000 bytes) is kept: rerun the same command to resume from byte 200000" in err
+    # a network failure after the retries: a fault (exit 1, the download Job retries it), not a user error (2)
+    assert rc == 1 and f"{name}.part (200000 bytes) is kept: rerun the same command to resume from byte 200000" in err
     assert (out / dump_names["parts"][0]).exists() and not (out / name).exists()  # the other part finished
     rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
     assert rc == 0, err
@@ -124,7 +125,7 @@ def test_a_download_that_received_nothing_does_not_name_a_file_as_kept(mirror, d
     mirror.cut_after[f"/enwiki/{dump_names['date']}/{name}"] = 0
     rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(tmp_path / "raw"),
                        "--mirror", mirror.url, "--retries", "0", "--no-progress"], capsys)
-    assert rc == 2 and "nothing was received; rerun the same command when the network is back" in err
+    assert rc == 1 and "nothing was received; rerun the same command when the network is back" in err
     assert "is kept" not in err
 
 
@@ -133,7 +134,7 @@ def test_wikipedia_corrupted_part_is_refused(mirror, dump_names, tmp_path: Path,
     mirror.corrupt_at[f"/enwiki/{dump_names['date']}/{name}"] = 4242
     out = tmp_path / "raw"
     rc, _, err = _run(["download", "wikipedia", "--date", dump_names["date"], "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
-    assert rc == 2 and "sha1 checksum mismatch" in err and "Traceback" not in err
+    assert rc == 1 and "sha1 checksum mismatch" in err and "Traceback" not in err
     assert not (out / name).exists() and (out / f"{name}.part").exists()
     assert name not in corpus_inputs(out)
 
@@ -229,7 +230,7 @@ def test_wikipedia_date_not_on_the_mirror_says_what_to_do(mirror, tmp_path: Path
 
 def test_wikipedia_not_enough_disk_is_refused_up_front(mirror, tmp_path: Path, capsys) -> None:
     rc, _, err = _run(["download", "wikipedia", "--date", "20251201", "--out", str(tmp_path / "raw"), "--mirror", mirror.url, *FAST], capsys)
-    assert rc == 2 and "GiB free" in err and "--out directory on a larger disk" in err
+    assert rc == 1 and "GiB free" in err and "--out directory on a larger disk" in err
     assert not any(r.path.endswith(".bz2") for r in mirror.log)
 
 
