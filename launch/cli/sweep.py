@@ -29,7 +29,7 @@ import os
 from launch.errors import CliError
 from launch.cli.finetune import add_finetune_arguments, config_from_args
 from launch.config import to_dict
-from launch.config_flags import config_from_args as config_from_args_of
+from launch.config_flags import config_from_args as config_from_args_of, given_flags
 from launch.finetune.finetune_config import FinetuneConfig, canonical_task
 
 
@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
                                ("--num-cpus", args.num_cpus, 1)):
         if value is not None and value < least:
             raise CliError(f"{flag} must be {least} or more, got {value:g}")
+    given = set(given_flags(args))
+    if "seed" in given:  # each trial takes its seed from 1..--seeds: --seed was ignored without a word
+        raise CliError("--seed is not a sweep setting: trials run seeds 1..N; set N with --seeds")
     cfg, overrides = trial_overrides(args, tasks)
     crash = os.environ.get("BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT")
     from launch.finetune.tune_sweep import run_sweep, trial_name
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 tasks, cfg.checkpoint, cfg.data_dir, cfg.out, grid=args.grid, seeds=args.seeds, overrides=overrides,
                 address=args.address, resume=args.resume, cpus_per_trial=args.cpus_per_trial,
                 gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, num_cpus=args.num_cpus,
-                temp_dir=args.ray_temp_dir, crash_first_attempt=int(crash) if crash else None,
+                temp_dir=args.ray_temp_dir, crash_first_attempt=int(crash) if crash else None, given=given,
             )
     except ValueError as err:
         raise CliError(str(err)) from None

@@ -239,13 +239,15 @@ def run_sweep(
     temp_dir: str | None = None,
     crash_first_attempt: int | None = None,
     name: str | None = None,
+    given: Sequence[str] = (),
 ) -> SweepResult:
     """Run (or resume) a sweep and write OUT/results.json, OUT/results.md and OUT/sweep.png.
 
     `overrides` are FinetuneConfig fields applied to every trial (e.g. max_train_samples); `seeds`
     is a count (seeds 1..N) or explicit seeds. `gpus_per_trial=None` takes 1 GPU per trial when the
     cluster has GPUs, else 0. With `resume=True`, trials with a verified record are kept (Ray is not
-    even started when all are), the others run.
+    even started when all are), the others run. `given`: the settings the user set by flag; one that every
+    trial takes from its grid point instead is refused (it was ignored without a word).
     """
     out = Path(out).resolve()
     canonical = [get_task(t).name for t in tasks]  # validates names, canonical spelling
@@ -260,6 +262,10 @@ def run_sweep(
     base = base_settings(tasks[0], checkpoint, data_dir, overrides, cpus_per_trial)
     # Every trial's settings must be valid before Ray starts anything.
     points = table7.points(tasks, seed_list) if table7.is_table7(grid) else expand(tasks, grid_values, seed_list)
+    varied = sorted({k for p in points for k in p if k not in ("index", "task", "seed")} & set(given))
+    if varied:
+        raise ValueError(f"--{varied[0].replace('_', '-')} is set by every trial's grid point ({grid}), so the flag "
+                         f"would be ignored; drop it, or use a grid file that does not vary {varied[0]}")
     trials_dir = out / "trials"
     named: dict[str, dict[str, Any]] = {}
     for p in points:  # distinct grid values can only meet in a name through characters a folder name cannot hold

@@ -291,6 +291,10 @@ def test_trial_resources_the_local_ray_cannot_give_are_refused_not_waited_for(ti
     base = ["sweep", "--tasks", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
             "--grid", "quick", "--max-train-samples", "8", "--max-eval-samples", "8"]
     for extra, message in [(["--cpus-per-trial", "0"], "--cpus-per-trial must be more than 0, got 0"),
+                           # ignored without a word: each trial takes its seed and its grid point's lr
+                           (["--seed", "7"], "--seed is not a sweep setting: trials run seeds 1..N; set N with --seeds"),
+                           (["--lr", "1e-4"], "--lr is set by every trial's grid point (quick), so the flag would be "
+                                              "ignored; drop it, or use a grid file that does not vary lr"),
                            (["--max-failures", "-1"], "--max-failures must be 0 or more, got -1"),
                            (["--num-cpus", "1", "--cpus-per-trial", "2"],
                             "--cpus-per-trial 2 asks for more CPUs than the local Ray has (1); lower it or raise --num-cpus")]:
