@@ -132,12 +132,14 @@ def flag_of(key: str) -> str:
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: dict[str, str] | None = None,
                      aliases: dict[str, Sequence[str]] | None = None, skip: Sequence[str] = (),
-                     config_help: str | None = None) -> None:
+                     required: Sequence[str] = (), config_help: str | None = None) -> None:
     """Add `--config` and one flag per field of dataclass `cls` (see the module docstring).
 
     flag_names: dotted field -> flag, where a command keeps a name users know (`inputs` -> `--input`).
     aliases: dotted field -> more spellings of its flag (`schedule.total_steps` -> `--max-steps`).
     skip: dotted fields that get no flag (the command sets them itself).
+    required: dotted fields the command needs (from a flag or --config): their help says "required", not
+      the empty default.
     """
     flag_names, aliases = flag_names or {}, aliases or {}
     parser.add_argument("--config", metavar="FILE.yaml", default=None,
@@ -154,9 +156,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: 
                 groups[section] = parser.add_argument_group(f"{section} (--{section}.KEY VALUE)")
             target = groups[section]
         default = _default_of(f)
-        shown = "null" if default is None else (json_like(default))
+        shown = "required" if dotted in required else f"default: {'null' if default is None else json_like(default)}"
         kwargs: dict[str, Any] = dict(dest=_PREFIX + dotted, default=argparse.SUPPRESS,
-                                      help=f"{help_text} (default: {shown})".strip().replace("%", "%%"))
+                                      help=f"{help_text} ({shown})".strip().replace("%", "%%"))
         base = _without_none(annotation)
         base_origin = typing.get_origin(base)
         optional = base is not annotation

@@ -83,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipeline.corpus_job import CorpusConfig
 
     add_config_flags(parser, CorpusConfig, flag_names={"inputs": "--input", "input_format": "--format"},
+                     required=("inputs", "out"),
                      config_help="a YAML file of corpus settings (the keys of the manifest's `config`); flags given here win")
     parser.add_argument("--runner", default=None,
                         help="Beam runner (default FnApiRunner, local); other Beam options pass through as --name=value")

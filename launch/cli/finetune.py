@@ -32,7 +32,7 @@ def add_finetune_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, 
     """The flags shared by `finetune` and `sweep` (a sweep applies them to every trial)."""
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help=argparse.SUPPRESS)  # deprecated form of --KEY VALUE
-    add_config_flags(parser, FinetuneConfig, skip=skip)
+    add_config_flags(parser, FinetuneConfig, skip=skip, required=("task", "data_dir", "checkpoint", "out"))
 
 
 ON_INTERRUPT = "OUT has no metrics.json; run the same command again to start over"

@@ -99,7 +99,7 @@ class ScheduleSection:
 
 @dataclass
 class ZeroSection:
-    """stage: 0 (plain data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ parameters).
+    """stage: 0 (plain data parallel; fp32 only), 1 (optimizer states), 2 (+ gradients), 3 (+ parameters).
     offload_optimizer: none or cpu.
     offload_param: none or cpu (needs stage 3).
     """

@@ -142,6 +142,8 @@ def test_help_shows_one_syntax_and_defaults(command):
         assert flag in text and default in text and "--config FILE.yaml" in text
     else:
         assert "default" in text  # plain flags state their defaults in their help
+    # a required setting says so, not "(default: '')" or "(default: [])" as --out, --task and --input did
+    assert "(default: '')" not in text and "(default: [])" not in text
 
 
 def test_old_override_forms_still_work_with_a_warning(caplog):
