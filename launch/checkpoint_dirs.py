@@ -137,7 +137,7 @@ def check_tensor_files(folder: Path) -> None:
 def select_checkpoint(ckpt_dir: Path, tag: str | None = None) -> str:
     """The checkpoint to load: `tag` if given (it must verify), else the newest that verifies."""
     if tag is not None:
-        if not (ckpt_dir / tag).is_dir():
+        if tag not in checkpoint_tags(ckpt_dir):  # a name, not a path: `../../other/checkpoints/x` was exported as this run's
             raise ValueError(f"no checkpoint {tag!r} in {ckpt_dir}; available: "
                              f"{', '.join(checkpoint_tags(ckpt_dir)) or 'none'}")
         reason = verify_checkpoint(ckpt_dir, tag)

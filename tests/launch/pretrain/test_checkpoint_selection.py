@@ -133,3 +133,13 @@ def test_a_checkpoint_from_before_the_records_loads_with_a_warning_that_says_so(
     with caplog.at_level(logging.WARNING):
         assert select_checkpoint(ckpt_dir) == "global_step6"
     assert f"{meta} records no file sizes or sha256s: its files are loaded unverified" in caplog.text
+
+
+def test_a_tag_is_a_checkpoint_name_of_this_run_not_a_path(ckpt_dir, tmp_path):
+    # `export RUN --tag ../../other/checkpoints/global_step2` exported another run's weights as RUN's
+    other = tmp_path / "other" / "checkpoints"
+    save_checkpoint(other, 2)
+    assert select_checkpoint(ckpt_dir, "global_step4") == "global_step4"
+    for tag in ("../../other/checkpoints/global_step2", "global_step4/", str(other / "global_step2")):
+        with pytest.raises(ValueError, match=r"no checkpoint .* available: global_step6, global_step4, global_step2"):
+            select_checkpoint(ckpt_dir, tag)
