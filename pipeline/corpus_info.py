@@ -21,6 +21,10 @@ from pipeline.vocab import Vocab
 # What the loader and trainer use; format version 1 always writes them, so no defaults restated.
 REQUIRED_KEYS = ("seq_len", "masked_lm_prob", "max_predictions", "whole_word_mask", "lowercase", "vocab_file",
                  "vocab_size", "vocab_sha256", "num_instances", "shards")
+# Their types (the shards' own are SHARD_KEYS): a hand-edited `"vocab_file": null` was a TypeError traceback,
+# `"lowercase": "no"` read as true.
+_KINDS = {"seq_len": int, "masked_lm_prob": (int, float), "max_predictions": int, "whole_word_mask": bool,
+          "lowercase": bool, "vocab_file": str, "vocab_size": int, "vocab_sha256": str, "num_instances": int}
 SHARD_KEYS = {"path": str, "split": str, "num_instances": int, "sha256": str}
 _OF_N = re.compile(r"-of-(\d+)\.")  # train-00003-of-00016.arrow
 SPLITS = ("train", "heldout")
@@ -69,7 +73,15 @@ def open_corpus(corpus_dir: str | Path) -> CorpusInfo:
     missing = [k for k in REQUIRED_KEYS if k not in manifest]
     if missing:
         raise ValueError(f"{corpus_dir / 'manifest.json'} lacks {', '.join(missing)}; rebuild the corpus")
+    wrong = [k for k, kind in _KINDS.items() if not isinstance(manifest[k], kind)
+             or (kind is not bool and isinstance(manifest[k], bool)) or (kind is int and manifest[k] < 0)]
+    if wrong:
+        raise ValueError(f"{corpus_dir / 'manifest.json'}: {wrong[0]} is {manifest[wrong[0]]!r}, not a valid value "
+                         "(edited by hand?); restore the corpus's own manifest.json or rebuild the corpus")
     _check_shard_list(corpus_dir / "manifest.json", manifest)
+    if Path(manifest["vocab_file"]).is_absolute() or ".." in Path(manifest["vocab_file"]).parts:
+        raise ValueError(f"{corpus_dir / 'manifest.json'}: vocab_file {manifest['vocab_file']!r} lies outside the "
+                         "corpus directory; rebuild the corpus")
     vocab_file = corpus_dir / manifest["vocab_file"]
     if not vocab_file.is_file():
         raise ValueError(f"{vocab_file} is missing; the corpus directory must hold the vocabulary it was built with")
@@ -99,6 +111,9 @@ def _check_shard_list(path: Path, manifest: dict[str, Any]) -> None:
         raise ValueError(f"{path} lists shards of split(s) {', '.join(bad)}; expected {' or '.join(SPLITS)}; "
                          "rebuild the corpus")
     paths = [s["path"] for s in shards]
+    outside = [p for p in paths if Path(p).is_absolute() or ".." in Path(p).parts]
+    if outside:  # a shard is a file of the corpus directory, never one read from elsewhere
+        raise ValueError(f"{path} lists the shard {outside[0]}, outside the corpus directory; rebuild the corpus")
     twice = sorted({p for p in paths if paths.count(p) > 1})
     if twice:  # one shard read twice, the one it replaced never
         raise ValueError(f"{path} lists {twice[0]} more than once; a shard entry was edited by hand, rebuild the corpus")

@@ -18,9 +18,12 @@ def read_shard(path: str | Path) -> pa.Table:
         raise ValueError(f"shard {path} listed in the manifest is missing; the corpus is incomplete, rebuild it")
     try:
         if path.suffix == ".parquet":
-            return pq.read_table(path)
-        with pa.memory_map(str(path)) as source:
-            return pa.ipc.open_file(source).read_all()
+            table = pq.read_table(path)
+        else:
+            with pa.memory_map(str(path)) as source:
+                table = pa.ipc.open_file(source).read_all()
+        table.validate(full=True)  # damaged offsets read past the buffers: a segfault, not an exception, later
+        return table
     except (pa.ArrowException, OSError) as err:
         raise ValueError(f"shard {path} cannot be read ({err}); it is damaged: restore it or rebuild the corpus "
                          "(`corpus inspect --verify` checks every shard)") from None
@@ -33,7 +36,7 @@ def decode_instance(row: dict, vocab: list[str]) -> str:
     for pos, tok in enumerate(row["input_ids"]):
         text = vocab[tok] if 0 <= tok < len(vocab) else f"<{tok}>"
         if pos in labels:
-            original = vocab[labels[pos]]
+            original = vocab[labels[pos]] if 0 <= labels[pos] < len(vocab) else f"<{labels[pos]}>"
             text = f"{text}{{{original}}}" if tok != labels[pos] else f"={text}{{kept}}"
         words.append(text)
     return " ".join(words).replace(" ##", "##")

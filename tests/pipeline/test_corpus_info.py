@@ -67,6 +67,12 @@ def test_bad_corpus_directories_are_refused_with_the_fix(corpus_copy):
     (lambda m: m.__setitem__("shards", {"a": 1}), "shards must be a non-empty list"),
     (lambda m: m.pop("vocab_sha256"), "lacks vocab_sha256"),
     (lambda m: m["shards"][1].__setitem__("path", m["shards"][0]["path"]), "lists train-00000-of-00002.arrow more than once"),
+    # a TypeError traceback; read as true; a shard or vocabulary read from another directory
+    (lambda m: m.__setitem__("vocab_file", None), r"vocab_file is None, not a valid value \(edited by hand\?\)"),
+    (lambda m: m.__setitem__("lowercase", "no"), r"lowercase is 'no', not a valid value"),
+    (lambda m: m.__setitem__("num_instances", -5), r"num_instances is -5, not a valid value"),
+    (lambda m: m["shards"][0].__setitem__("path", "../other/train-00000-of-00002.arrow"), "outside the corpus directory"),
+    (lambda m: m.__setitem__("vocab_file", "/etc/vocab.txt"), "lies outside the corpus directory"),
 ])
 def test_a_hand_edited_shard_list_is_refused_not_half_read(corpus_copy, edit, message):
     """An entry edited out of the manifest would drop its shard from training without a word."""

@@ -75,3 +75,35 @@ def test_inspect_reads_the_corpus_as_pretrain_does(tmp_path, small_corpus, capsy
     first.write_bytes(first.read_bytes()[:1000])
     err = _refused(["corpus", "inspect", str(corpus)], capsys)
     assert f"shard {first} cannot be read" in err and err.count("\n") == 1
+
+
+def test_inspect_without_verify_refuses_a_shard_whose_lists_point_outside_it(tmp_path, small_corpus, capsys):
+    # A list offset out of range: without --verify, `inspect` read past the buffers and died of a segfault
+    # (exit 139, no output); a label id beyond the vocabulary was an IndexError traceback.
+    import numpy as np
+    import pyarrow as pa
+
+    corpus = tmp_path / "c"
+    shutil.copytree(small_corpus, corpus)
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    shard = corpus / next(s["path"] for s in manifest["shards"] if s["split"] == "train" and s["num_instances"])
+    with pa.memory_map(str(shard)) as source:
+        table = pa.ipc.open_file(source).read_all().combine_chunks()
+    i = table.schema.get_field_index("input_ids")
+    column = table.column(i).chunk(0)
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32).copy()
+    offsets[2] = 0x7FFFFF00
+    bad = pa.ListArray.from_buffers(column.type, len(column), [column.buffers()[0], pa.py_buffer(offsets.tobytes())],
+                                    children=[column.values])
+    with pa.OSFile(str(shard), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table.set_column(i, table.field(i), pa.chunked_array([bad])))
+    err = _refused(["corpus", "inspect", str(corpus)], capsys)
+    assert f"shard {shard} cannot be read" in err and "it is damaged" in err and err.count("\n") == 1
+
+
+def test_a_label_id_beyond_the_vocabulary_is_shown_not_a_traceback():
+    from pipeline.inspect_corpus import decode_instance
+
+    row = {"input_ids": [2, 4, 3], "masked_lm_positions": [1], "masked_lm_ids": [40000]}
+    assert decode_instance(row, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) == "[CLS] [MASK]{<40000>} [SEP]"
+
