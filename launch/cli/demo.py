@@ -79,7 +79,10 @@ def _clear_previous_demo(out: Path) -> None:
 def _step(name: str, argv: list[str]) -> None:
     log.info("demo: bertpipe %s", " ".join(argv))
     started = time.monotonic()
-    rc = cli_main(argv)
+    try:
+        rc = cli_main(argv)
+    except SystemExit as exit_:  # the step's own one-line error (argparse's parser.exit) is above
+        rc = exit_.code if isinstance(exit_.code, int) else 1
     if rc != 0:
         raise CliError(f"demo step {name!r} failed (exit code {rc}); see the messages above")
     log.info("demo: %s done in %.0f s", name, time.monotonic() - started)
@@ -89,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
     setup_logging()
     if not DATA.is_dir():
         raise CliError(f"bundled data not found at {DATA}; run the demo from a checkout of the repository")
+    for flag, value in (("--steps", args.steps), ("--seeds", args.seeds), ("--nproc", args.nproc)):
+        if value < 1:  # else refused by an inner step, minutes in, under a flag name the user never typed
+            raise CliError(f"{flag} must be at least 1, got {value}")
     out: Path = args.out
     _check_out(out)
     try:

@@ -20,6 +20,26 @@ def test_the_demo_refuses_a_folder_it_did_not_write_or_a_file(tmp_path, capsys, 
     assert err.value.code == 2 and "is a file; pass a folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--seeds", "--nproc"])
+def test_counts_below_one_are_refused_before_any_step(tmp_path, capsys, flag):
+    # --seeds 0 was refused by the sweep, after the whole pre-training; --steps 0 as --schedule.total-steps
+    with pytest.raises(SystemExit) as err:
+        cli.main(["demo", "--out", str(tmp_path / "d"), flag, "0"])
+    assert err.value.code == 2 and f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_failed_step_is_named_by_the_demo(tmp_path, capsys):
+    # An inner command's parser.exit went straight through: the demo never said which step failed
+    from launch.cli import demo
+    from launch.errors import CliError
+
+    with pytest.raises(CliError, match=r"demo step 'corpus' failed \(exit code 2\)"):
+        demo._step("corpus", ["corpus", "--input", str(tmp_path / "none"), "--vocab", str(tmp_path / "v.txt"),
+                              "--out", str(tmp_path / "c")])
+    assert "bertpipe corpus: error:" in capsys.readouterr().err  # the step's own line, above the demo's
+
+
 def test_fresh_deletes_the_demo_outputs_and_keeps_the_rest(tmp_path):
     (tmp_path / MARKER).write_text("demo")
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
