@@ -90,6 +90,9 @@ def _write(args: argparse.Namespace, cfg, extractor, texts: list[str], out_base:
     """The features and their settings file, under the output's lock; (data file, seconds)."""
     data_file = out_base.with_name(out_base.name + _data_suffix(cfg.pool))
     sidecar = out_base.with_name(out_base.name + ".features.yaml")  # the resolved settings; proves we wrote data_file
+    for path in (sidecar, data_file):
+        if path.exists() and not path.is_file():  # not ours to replace (an IsADirectoryError traceback)
+            raise CliError(f"{path} exists and is not a file bertpipe wrote; choose another --out")
     settings = _our_settings(sidecar, cfg) if sidecar.is_file() else None
     if sidecar.is_file() and settings is None:
         raise CliError(f"{sidecar} exists and is not a `bertpipe features` settings file; choose another --out")

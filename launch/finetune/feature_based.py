@@ -125,7 +125,13 @@ class FeatureBased:
         self.selection = parse_layers(cfg.layers, int(hf_config["num_hidden_layers"]))
         hidden = int(hf_config["hidden_size"])
         self.cache_stats = CacheStats()
-        cache = FeatureCache(cfg.feature_cache or default_cache_dir(), self.cache_stats)
+        root = Path(cfg.feature_cache) if cfg.feature_cache else default_cache_dir()
+        try:  # here, not when the first split is cached: a file there was blamed on --out, /sys a traceback
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise DataError(f"--feature-cache {root} cannot be a folder ({err.strerror}: {err.filename}); pass a "
+                            "writable folder") from None
+        cache = FeatureCache(root, self.cache_stats)
         encoder = FrozenEncoder(self.ckpt.hf_dir, self.device, cfg.eval_batch_size, self.bf16, self.cache_stats)
         ckpt = checkpoint_digest(self.ckpt.hf_dir)
 

@@ -165,7 +165,11 @@ class FeatureExtractor:
         bs = self.cfg.batch_size
         window = 64 * bs
         for start in range(0, len(texts), window):
-            encodings = self.tokenizer.encode_batch(texts[start:start + window])
+            chunk = texts[start:start + window]
+            # A word is what whitespace separates, as in CoNLL files and fine-tuning's labels; by the tokenizer's
+            # own word ids `U.S.` was four words and `Jean-Pierre` three, each with a vector.
+            encodings = (self.tokenizer.encode_batch([t.split() for t in chunk], is_pretokenized=True)
+                         if self.cfg.first_subtoken else self.tokenizer.encode_batch(chunk))
             order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
             for b in range(0, len(order), bs):
                 idx = order[b:b + bs]

@@ -106,6 +106,12 @@ def test_sentence_tasks_train_a_pooled_head_and_span_tasks_are_refused(tiny_chec
     with pytest.raises(SystemExit):
         run(tiny_checkpoint, tmp_path / "both", tmp_path / "cache", "--freeze")
     assert "--freeze and --feature-based" in capsys.readouterr().err
+    # A --feature-cache that cannot be a folder: it was blamed on --out ("cannot create --out"), or a traceback
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(SystemExit):
+        run(tiny_checkpoint, tmp_path / "c", tmp_path / "afile", "--layers", "last", task="sst2", data=GLUE)
+    err = capsys.readouterr().err
+    assert f"--feature-cache {tmp_path / 'afile'} cannot be a folder" in err and "--out" not in err
 
 
 @pytest.mark.slow

@@ -85,22 +85,24 @@ def test_cls_and_layer_combinations(minilm_dir, hf_minilm, texts_file, tmp_path)
 
 def test_per_token_parquet_with_first_subtoken(minilm_dir, hf_minilm, tmp_path):
     texts_file = tmp_path / "in.jsonl"
-    texts = ["Kellynch Hall", "Somersetshire baronetage, unquestionably."]
+    texts = ["Kellynch Hall", "Somersetshire baronetage, unquestionably.", "U.S. beat Jean-Pierre 1-0 ."]
     texts_file.write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(texts)))
     base = ["features", "--checkpoint", str(minilm_dir), "--input", str(texts_file), "--text-field", "body", "--pool", "none"]
     assert cli.main(base + ["--out", str(tmp_path / "all")]) == 0
     assert cli.main(base + ["--out", str(tmp_path / "first"), "--first-subtoken"]) == 0
     hidden, _, enc = _hf_hidden(hf_minilm, minilm_dir, texts)
     table = pq.read_table(tmp_path / "all.parquet")
-    assert table["row"].to_pylist() == [0, 1]
+    assert table["row"].to_pylist() == [0, 1, 2]
     for i, e in enumerate(enc):
         n = sum(e.attention_mask)
         assert table["tokens"][i].as_py() == e.tokens[:n]
         feats = np.array(table["features"][i].as_py(), dtype=np.float32)
         assert np.abs(feats - hidden[-1][i, :n].numpy()).max() < 1e-4
     first = pq.read_table(tmp_path / "first.parquet")["tokens"].to_pylist()
-    words = [t.lower().replace(",", " ,").replace(".", " .").split() for t in texts]
-    assert [len(t) for t in first] == [len(w) for w in words]
+    # A word is what whitespace separates, as in CoNLL and fine-tuning's labels: one vector each (`U.S.` was
+    # four words by the tokenizer's word ids, `Jean-Pierre` three)
+    assert [len(t) for t in first] == [len(t.split()) for t in texts]
+    assert first[2] == ["u", "beat", "jean", "1", "."]
     assert all(not tok.startswith("##") and tok not in ("[CLS]", "[SEP]") for row in first for tok in row)
 
 
@@ -118,6 +120,8 @@ def test_user_errors_are_clear(minilm_dir, texts_file, tmp_path, capsys):
     assert "bad.jsonl:2" in fails("--input", str(bad))
     assert "--pool none" in fails("--input", str(texts_file), "--first-subtoken")
     assert ".txt" in fails("--input", str(minilm_dir / "config.json"))
+    (tmp_path / "x.features.yaml").mkdir()  # an IsADirectoryError traceback
+    assert "x.features.yaml exists and is not a file bertpipe wrote" in fails("--input", str(texts_file))
     # A vocabulary that is not the checkpoint's is refused.
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
