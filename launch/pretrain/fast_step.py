@@ -51,7 +51,7 @@ def to_device(batch: dict[str, Any], device: torch.device) -> tuple[dict[str, An
 
 
 class NonFiniteLossError(RuntimeError):
-    """The run diverged: `log.max_nonfinite_steps` non-finite losses in a row."""
+    """The run diverged: `log.max_nonfinite_steps` steps in a row with a non-finite loss."""
 
 
 DIVERGED_EXIT = 3  # the exit code of a diverged run, however it was launched (not 2: no flag was wrong)
@@ -59,7 +59,7 @@ DIVERGED_EXIT = 3  # the exit code of a diverged run, however it was launched (n
 
 class UpdateSkipper:
     """Drops the update of a step that produced a non-finite loss, without leaving DeepSpeed's step
-    sequence, and counts the non-finite losses in a row (the run stops at `max_in_a_row`).
+    sequence, and counts the steps in a row with one (the run stops at `max_in_a_row`).
 
     `engine.step()` still runs at the boundary (DeepSpeed's micro-step count, gradient buffers and
     ZeRO bookkeeping stay as they always are), but a step pre-hook on our optimizer removes every
@@ -84,19 +84,18 @@ class UpdateSkipper:
     def skip(self, engine: Any, flags: list[float], sample_ids: list[torch.Tensor], step: int, total: int) -> int:
         """Step `step` had a non-finite loss in the micro-batches whose flag (summed over ranks) is
         not 0: log each, drop the update; returns how many. Raises NonFiniteLossError at the limit."""
-        for i, flag in enumerate(flags):
-            if not flag:
-                self.in_a_row = 0
-                continue
-            self.in_a_row += 1
+        # Steps, as the setting's name says: counted by micro-batch, one step of a large accumulation could
+        # reach the limit alone.
+        self.in_a_row += 1
+        for i in [i for i, flag in enumerate(flags) if flag]:
             total += 1
             log.warning("non-finite loss at step %d (micro-batch %d of %d, samples %s...): micro-batch skipped, and "
-                        "with it this step's update (%d in a row, %d in total)", step, i + 1, len(flags),
-                        sample_ids[i][:4].tolist(), self.in_a_row, total)
-            if self.in_a_row >= self.max_in_a_row:
-                raise NonFiniteLossError(
-                    f"{self.in_a_row} non-finite losses in a row at step {step}; lower optim.lr, "
-                    f"use precision.dtype=bf16 instead of fp16, or resume from an earlier checkpoint")
+                        "with it this step's update (%d step(s) in a row, %d micro-batch(es) in total)", step, i + 1,
+                        len(flags), sample_ids[i][:4].tolist(), self.in_a_row, total)
+        if self.in_a_row >= self.max_in_a_row:
+            raise NonFiniteLossError(
+                f"{self.in_a_row} steps in a row with a non-finite loss, at step {step}; lower optim.lr, "
+                f"use precision.dtype=bf16 instead of fp16, or resume from an earlier checkpoint")
         state = self.scheduler.state_dict() if self.scheduler is not None else None
         lrs = [g["lr"] for g in self.scheduler.optimizer.param_groups] if state is not None else []
         self.active = True

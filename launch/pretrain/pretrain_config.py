@@ -149,7 +149,7 @@ class LogSection:
     peak_tflops: per-device peak for the MFU estimate (null = the spec-sheet bf16 peak of a known
       GPU in bf16/fp16; not reported on CPU).
     sample_ids: record each step's global sample ids in metrics.jsonl (for audits and the resume tests).
-    max_nonfinite_steps: stop after this many non-finite losses in a row.
+    max_nonfinite_steps: stop after this many steps in a row with a non-finite loss.
     """
 
     log_every: int = 1  # steps between metrics lines
@@ -159,7 +159,7 @@ class LogSection:
     progress_bar: bool = True  # a progress bar on rank 0
     peak_tflops: Optional[float] = None  # per-device peak for MFU (null: the spec-sheet peak of a known GPU)
     sample_ids: bool = False  # record each step's global sample ids in metrics.jsonl (audits, resume tests)
-    max_nonfinite_steps: int = 5  # stop after this many non-finite losses in a row
+    max_nonfinite_steps: int = 5  # stop after this many steps in a row with a non-finite loss
 
 
 @dataclass

@@ -519,8 +519,11 @@ def test_nonfinite_losses_are_skipped_counted_then_stop_the_run(small_corpus, tm
     cmd = pretrain_cmd(small_corpus, out, nproc, 1, "optim.lr=1e30", "log.max_nonfinite_steps=3")
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
     assert done.returncode == 3, done.stderr[-3000:]  # in this process or from launched workers alike
-    assert "3 non-finite losses in a row" in done.stderr and "lower optim.lr" in done.stderr
-    assert done.stderr.count("micro-batch skipped") == 3 * nproc  # each rank logs its own
+    assert "3 steps in a row with a non-finite loss" in done.stderr and "lower optim.lr" in done.stderr
+    # Steps, not micro-batches: tiny's global batch of 32 is 4 micro-batches of 8 on one process (2 a rank on
+    # two); counted by micro-batch, the first bad step alone reached the limit. Each rank logs every micro-batch.
+    assert [done.stderr.count(f"({n} step(s) in a row") for n in (1, 2, 3, 4)] == [4, 4, 4, 0]
+    assert done.stderr.count("micro-batch skipped") == 3 * 4  # 3 steps x (4 / nproc micro-batches x nproc ranks)
 
 
 @pytest.mark.slow
