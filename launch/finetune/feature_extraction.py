@@ -64,6 +64,8 @@ def parse_layers(spec: str, num_layers: int) -> LayerSelection:
         j = i + last + 1 if i < 0 else i
         if not 0 <= j <= last:
             raise ValueError(f"--layers: layer {i} is out of range; the model has layers 0 (embeddings) to {last}")
+        if j in indices:  # `1,1` or `-1,2` on a 2-layer model: the same layer twice, surely a typo
+            raise ValueError(f"--layers {spec}: layer {j} is named twice; name each layer once")
         indices.append(j)
     return LayerSelection(indices, "concat")
 

@@ -115,6 +115,7 @@ def test_user_errors_are_clear(minilm_dir, texts_file, tmp_path, capsys):
 
     assert "not one of" in fails("--input", str(texts_file), "--layers", "top")
     assert "out of range" in fails("--input", str(texts_file), "--layers", "9")
+    assert "layer 1 is named twice" in fails("--input", str(texts_file), "--layers", "1,1")  # was accepted
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"txt": "no"}\n')
     assert "bad.jsonl:2" in fails("--input", str(bad))
