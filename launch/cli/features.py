@@ -19,6 +19,7 @@ The resolved settings are written to OUT.features.yaml.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import time
@@ -70,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if not texts:
         raise CliError(f"{args.input} contains no texts")
 
+    if args.out.is_dir():  # OUT is a name stem (OUT.npy, OUT.features.yaml): `--out d1/` wrote d1.npy beside d1
+        raise CliError(f"--out {args.out} is a directory; --out names the output files (OUT.npy or OUT.parquet, "
+                       f"and OUT.features.yaml): pass e.g. --out {args.out / 'features'}")
     out_base = args.out.with_suffix("") if args.out.suffix in (".npy", ".parquet") else args.out
     out_base.parent.mkdir(parents=True, exist_ok=True)
     # One writer per output: two runs shared the partial file, and one renamed the other's away.
@@ -105,7 +109,8 @@ def _write(args: argparse.Namespace, cfg, extractor, texts: list[str], out_base:
     # never data the settings misdescribe.
     if described:
         out_base.with_name(out_base.name + described).unlink(missing_ok=True)
-    save_config(cfg, sidecar)
+    # What ran, not what was asked: the model may allow fewer positions, and `auto` picked a device.
+    save_config(dataclasses.replace(cfg, max_seq_len=extractor.max_len, device=extractor.device.type), sidecar)
 
     from tqdm import tqdm
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import yaml
 import torch
 
 from launch import cli
@@ -44,7 +45,9 @@ def test_mean_pooling_of_last_layer_matches_transformers(minilm_dir, hf_minilm, 
     expected = ((hidden[-1] * m).sum(1) / m.sum(1)).numpy()
     assert ours.dtype == np.float32 and ours.shape == (len(texts), 384)
     assert np.abs(ours - expected).max() < 1e-4  # rows in input order despite length-sorted batches
-    assert (tmp_path / "f.features.yaml").is_file()
+    assert yaml.safe_load((tmp_path / "f.features.yaml").read_text())["device"] == "cpu"  # what ran, not "auto"
+    assert cli.main([*argv[:5], "--out", str(tmp_path / "long"), "--max-seq-len", "9999"]) == 0
+    assert yaml.safe_load((tmp_path / "long.features.yaml").read_text())["max_seq_len"] == 512  # the model's cap
     assert "wrote" in capsys.readouterr().out
     assert cli.main(argv) == 0  # its own earlier output (the .features.yaml beside it) is rewritten
     # A file of the user's under the output name is refused, not written over.
@@ -116,6 +119,10 @@ def test_user_errors_are_clear(minilm_dir, texts_file, tmp_path, capsys):
     assert "not one of" in fails("--input", str(texts_file), "--layers", "top")
     assert "out of range" in fails("--input", str(texts_file), "--layers", "9")
     assert "layer 1 is named twice" in fails("--input", str(texts_file), "--layers", "1,1")  # was accepted
+    assert f"input {tmp_path} is a directory; pass one .txt or .jsonl file" in fails("--input", str(tmp_path))
+    with pytest.raises(SystemExit):  # `--out d1/` wrote d1.npy beside d1
+        cli.main(["features", "--checkpoint", str(minilm_dir), "--input", str(texts_file), "--out", str(tmp_path)])
+    assert f"--out {tmp_path} is a directory; --out names the output files" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"txt": "no"}\n')
     assert "bad.jsonl:2" in fails("--input", str(bad))
