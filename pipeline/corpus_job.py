@@ -362,7 +362,14 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
             f.write(text.encode("utf-8"))
     else:
         write_text_atomic(os.path.join(out, "manifest.json"), text)
-    delete_tree(tmp)
+    for attempt in range(5):  # a late worker (a portable runner's teardown) may still write a progress file
+        try:
+            delete_tree(tmp)
+            break
+        except OSError as err:
+            if attempt == 4:
+                log.warning("could not remove the job's temp folder %s (%s); the corpus is complete", tmp, err)
+            time.sleep(0.5)
     log.info("corpus done in %.1f s: %s instances in %d shards; counters %s", time.time() - start,
              f"{manifest['num_instances']:,}", len(shard_infos), json.dumps(counters))
     return CorpusResult(Path(out), manifest, time.time() - start)

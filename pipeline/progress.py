@@ -48,7 +48,8 @@ class ProgressWriter:
             return
         self.written_at = time.monotonic()
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            # Never re-created here: the driver makes it, and deletes it with the job's temp dir, and a
+            # worker's teardown flush after that (portable runners tear down late) would put it back.
             tmp = f"{self.path}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(self.counts, f)
@@ -91,6 +92,8 @@ class ProgressReporter:
         self.start_time = time.monotonic()
 
     def __enter__(self) -> ProgressReporter:
+        if self.directory:
+            os.makedirs(self.directory, exist_ok=True)  # the workers only write into it
         if self.directory and self.every_s > 0:
             self.thread = threading.Thread(target=self._run, name="corpus-progress", daemon=True)
             self.thread.start()
