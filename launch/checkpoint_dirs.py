@@ -363,7 +363,7 @@ def _as_umask_allows(folder: Path) -> None:
 def _place(tmp: Path, out: Path) -> None:
     """Move the finished export `tmp` to `out`: whole when `out` is new or empty (so a concurrent
     reader never sees half a model), else file by file, the marker last; of what was there, only the
-    files an earlier export's marker lists are removed."""
+    files an earlier export's marker lists, as it recorded them (size and sha256), are removed."""
     import os
 
     if out.is_dir() and not any(out.iterdir()):
@@ -374,19 +374,26 @@ def _place(tmp: Path, out: Path) -> None:
             return
         except OSError:  # another process placed its export first: replace its files below
             pass
-    try:
-        previous = json.loads((out / EXPORT_MARKER).read_text(encoding="utf-8")).get("files", [])
-    except (OSError, ValueError, AttributeError):
-        previous = []
+    record = _export_record(out)
+    previous, recorded = record.get("files", []), record.get("file_records")
+
+    def as_written(name: str) -> bool:  # a file the marker names is ours only as the export wrote it
+        path = out / name
+        if name == EXPORT_MARKER or not isinstance(recorded, dict):  # markers before the records: the name
+            return True
+        return name in recorded and path.is_file() and recorded[name] == {"size": path.stat().st_size,
+                                                                          "sha256": sha256_file(path)}
+
+    ours = {n for n in previous if isinstance(n, str) and "/" not in n and as_written(n)}
     new = sorted(p.name for p in tmp.iterdir())
-    foreign = [n for n in new if (out / n).exists() and n not in previous]  # `--overwrite`: named, not silent
+    foreign = [n for n in new if (out / n).exists() and n not in ours]  # `--overwrite`: named, not silent
     if foreign:
-        logger.warning("%s: replacing %d file(s) bertpipe did not write with the export's: %s", out, len(foreign),
-                       ", ".join(foreign))
+        logger.warning("%s: replacing %d file(s) bertpipe did not write, or that were changed since, with the "
+                       "export's: %s", out, len(foreign), ", ".join(foreign))
     for name in [n for n in new if n != EXPORT_MARKER] + [EXPORT_MARKER]:
         os.replace(tmp / name, out / name)
-    for name in set(previous) - set(new):
-        if "/" not in name and (out / name).is_file():
+    for name in ours - set(new):  # an earlier export's file this one does not write, unchanged since
+        if (out / name).is_file():
             (out / name).unlink()
     kept = sorted(p.name for p in out.iterdir() if p.name not in new)
     if kept:

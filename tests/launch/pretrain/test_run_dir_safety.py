@@ -354,9 +354,19 @@ def test_export_out_never_writes_over_what_bertpipe_did_not_write(run, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (foreign / "metrics.json").read_text() == "{}" and (foreign / "model.safetensors").is_file()
     assert "bertpipe did not write, left as they are: metrics.json" in done.stderr
-    assert "replacing 1 file(s) bertpipe did not write with the export's: config.json" in done.stderr
-    # An earlier export of the same run is replaced without --overwrite.
-    assert bertpipe("export", out, "--out", foreign).returncode == 0
+    assert "replacing 1 file(s) bertpipe did not write, or that were changed since, with the export's: config.json" \
+        in done.stderr
+    # An earlier export of the same run is replaced without --overwrite; a file of it edited since is named, and
+    # one the marker lists but the new export does not write is removed only as bertpipe wrote it.
+    (foreign / "README.md").write_text("my notes on this model\n")
+    marker = json.loads((foreign / "bertpipe_export.json").read_text())
+    (foreign / "extra.txt").write_text("mine now")
+    marker["files"].append("extra.txt")  # listed, but not recorded as bertpipe wrote it
+    (foreign / "bertpipe_export.json").write_text(json.dumps(marker))
+    done = bertpipe("export", out, "--out", foreign)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "that were changed since, with the export's: README.md" in done.stderr
+    assert (foreign / "extra.txt").read_text() == "mine now"
 
 
 @pytest.mark.slow
