@@ -121,9 +121,10 @@ def _prune(ckpt_dir: Path, keep_last: int, current: int) -> None:
 
 
 def remove_unfinished(ckpt_dir: Path) -> int:
-    """Delete the folders of saves that never finished (`.staging-<tag>`, `.old-<tag>`): never a complete
-    checkpoint, and after a full disk they hold the space a resume needs. Returns how many."""
-    stale = [*ckpt_dir.glob(".staging-*"), *ckpt_dir.glob(".old-*")]
+    """Delete the folders of saves that never finished (`.staging-<tag>`): never a complete checkpoint, and
+    after a full disk they hold the space a resume needs. Returns how many. Not `.old-<tag>`: a crash
+    between a re-save's two renames leaves there the only complete copy of that step."""
+    stale = list(ckpt_dir.glob(".staging-*"))
     for folder in stale:
         shutil.rmtree(folder, ignore_errors=True)
     return len(stale)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -229,9 +228,11 @@ class Trainer:
         out of the checkpoint set, not deleted, so that `checkpoint.keep_last` neither keeps them in place of
         sound ones nor removes what someone may want to inspect."""
         for newer in checkpoint_tags(self.ckpt_dir):
-            if tag_step(newer) > tag_step(tag.removesuffix("_universal")):
-                aside = self.ckpt_dir / f"damaged-{newer}"
-                shutil.rmtree(aside, ignore_errors=True)  # one set aside before, at the same step
+            if tag_step(newer) > tag_step(tag):
+                # Never over one set aside before at the same step: that too is kept for whoever inspects it.
+                aside, n = self.ckpt_dir / f"damaged-{newer}", 1
+                while aside.exists():
+                    aside, n = self.ckpt_dir / f"damaged-{newer}.{n}", n + 1
                 os.replace(self.ckpt_dir / newer, aside)
                 log.warning("checkpoint %s did not verify: moved to %s, which no resume reads and checkpoint.keep_last "
                             "does not count; delete it once you no longer need it", self.ckpt_dir / newer, aside)

@@ -237,6 +237,9 @@ def test_resume_skips_a_cut_short_checkpoint_for_the_previous_one(run, small_cor
     out = stopped_after(run, tmp_path / "run", saved=6, logged=6)
     model_file = out / "checkpoints" / "global_step6" / "mp_rank_00_model_states.pt"
     model_file.write_bytes(model_file.read_bytes()[:100_000])
+    earlier = out / "checkpoints" / "damaged-global_step6"  # set aside by an earlier resume: kept as it is
+    earlier.mkdir()
+    (earlier / "note").write_text("inspect me")
     done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     skipped = [line for line in done.stderr.splitlines() if "skipped" in line]
@@ -245,8 +248,9 @@ def test_resume_skips_a_cut_short_checkpoint_for_the_previous_one(run, small_cor
     assert metrics(out) == metrics(run)
     # Set aside, not counted by keep_last: a damaged newer folder used to be kept in place of sound ones
     # (saves at other steps than its own never replaced it) while those were deleted.
-    aside = out / "checkpoints" / "damaged-global_step6"
+    aside = out / "checkpoints" / "damaged-global_step6.1"
     assert (aside / "mp_rank_00_model_states.pt").stat().st_size == 100_000
+    assert (earlier / "note").read_text() == "inspect me"
     assert f"moved to {aside}" in done.stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("global_step")) == [
         "global_step4", "global_step6", "global_step8"]
