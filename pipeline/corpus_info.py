@@ -79,7 +79,7 @@ def open_corpus(corpus_dir: str | Path) -> CorpusInfo:
         raise ValueError(f"{corpus_dir / 'manifest.json'}: {wrong[0]} is {manifest[wrong[0]]!r}, not a valid value "
                          "(edited by hand?); restore the corpus's own manifest.json or rebuild the corpus")
     _check_shard_list(corpus_dir / "manifest.json", manifest)
-    if Path(manifest["vocab_file"]).is_absolute() or ".." in Path(manifest["vocab_file"]).parts:
+    if _outside(manifest["vocab_file"]):
         raise ValueError(f"{corpus_dir / 'manifest.json'}: vocab_file {manifest['vocab_file']!r} lies outside the "
                          "corpus directory; rebuild the corpus")
     vocab_file = corpus_dir / manifest["vocab_file"]
@@ -93,6 +93,11 @@ def open_corpus(corpus_dir: str | Path) -> CorpusInfo:
         raise ValueError(f"{vocab_file} has {vocab.size} tokens but manifest.json says vocab_size "
                          f"{manifest['vocab_size']}; restore the corpus's own vocab.txt or rebuild the corpus")
     return CorpusInfo(corpus_dir, manifest, sha256_file(corpus_dir / "manifest.json"), vocab_file, vocab)
+
+
+def _outside(relative: str) -> bool:
+    """A manifest's path that leaves the corpus directory: a shard or vocabulary read from elsewhere."""
+    return Path(relative).is_absolute() or ".." in Path(relative).parts
 
 
 def _check_shard_list(path: Path, manifest: dict[str, Any]) -> None:
@@ -111,7 +116,7 @@ def _check_shard_list(path: Path, manifest: dict[str, Any]) -> None:
         raise ValueError(f"{path} lists shards of split(s) {', '.join(bad)}; expected {' or '.join(SPLITS)}; "
                          "rebuild the corpus")
     paths = [s["path"] for s in shards]
-    outside = [p for p in paths if Path(p).is_absolute() or ".." in Path(p).parts]
+    outside = [p for p in paths if _outside(p)]
     if outside:  # a shard is a file of the corpus directory, never one read from elsewhere
         raise ValueError(f"{path} lists the shard {outside[0]}, outside the corpus directory; rebuild the corpus")
     twice = sorted({p for p in paths if paths.count(p) > 1})

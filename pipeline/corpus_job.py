@@ -171,17 +171,14 @@ def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int
         raise ValueError(f"no instances were produced from {num_files} input file(s) ({why}); check --input "
                          f"and --format; dead_letter/ in --out lists the skipped records")
     tokens, unk = counters.get("tokens", 0), counters.get("unk_tokens", 0)
-    if tokens and unk / tokens > config.max_unk_share and config.vocab is None:  # trained here: too small to spell it
-        raise ValueError(f"{unk / tokens:.1%} of the {tokens:,} word pieces are [UNK] (limit --max-unk-share "
-                         f"{config.max_unk_share}): a vocabulary of --train-vocab-size {config.train_vocab_size} "
-                         f"cannot spell this text's characters; raise --train-vocab-size, or --max-unk-share 1 "
-                         f"accepts it as it is")
     if tokens and unk / tokens > config.max_unk_share:
+        fix = (f"a vocabulary of --train-vocab-size {config.train_vocab_size} cannot spell this text's characters; "
+               "raise --train-vocab-size" if config.vocab is None  # trained here: too small to spell it
+               else "the vocabulary does not fit this text. Pass the BERT WordPiece vocab.txt made for it (cased or "
+               "uncased like the text) or --train-vocab-size N"
+               + ("; drop --no-lowercase if the vocab is uncased" if config.lowercase is False else ""))
         raise ValueError(f"{unk / tokens:.1%} of the {tokens:,} word pieces are [UNK] (limit --max-unk-share "
-                         f"{config.max_unk_share}): the vocabulary does not fit this text. Pass the BERT WordPiece "
-                         f"vocab.txt made for it (cased or uncased like the text) or --train-vocab-size N; "
-                         f"{'drop --no-lowercase if the vocab is uncased; ' if config.lowercase is False else ''}"
-                         f"--max-unk-share 1 accepts it as it is")
+                         f"{config.max_unk_share}): {fix}; --max-unk-share 1 accepts it as it is")
 
 
 def _read_jsonl(pattern: str) -> list:

@@ -46,9 +46,9 @@ def _parse_with_beam_args(self, args=None, namespace=None):
             errors.append(arg)
         elif name.replace("_", "-") in ours:  # --seq_len=64: Beam would drop it with a warning, and 128 be used
             self.error(f"{name} is spelled {name.replace('_', '-')} (config keys become dashed flags)")
-        elif name[2:] not in _beam_option_names() and difflib.get_close_matches(name, ours, n=1, cutoff=0.8):
+        elif name[2:] not in _beam_option_names() and (close := difflib.get_close_matches(name, ours, n=1, cutoff=0.8)):
             # --seqlen=64: not Beam's either, which would drop it with a warning, and the default be used
-            self.error(f"unrecognized argument {arg}: did you mean {difflib.get_close_matches(name, ours, n=1, cutoff=0.8)[0]}?")
+            self.error(f"unrecognized argument {arg}: did you mean {close[0]}?")
         else:
             beam_args.append(arg)
             # `--flag value` form: keep the value with its flag.

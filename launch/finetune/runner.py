@@ -146,8 +146,8 @@ class Finetuner:
 
     def _check_scores_vary(self, data_dir: Path) -> None:
         """A regression split whose scores are all equal: nothing to learn (train), or Pearson and
-        Spearman undefined so every run scores 0 (dev). The user files are checked whole on reading
-        (`userdata.check_scores`); this catches the subset --max-*-samples took, and GLUE's STS-B."""
+        Spearman undefined so every run scores 0 (dev). Checked here, on what --max-*-samples kept, for
+        `regress` and GLUE's STS-B alike."""
         cfg = self.cfg
         splits = [("training", self.data.train, "--max-train-samples", cfg.max_train_samples)]
         splits += [(s.name, s.examples, "--max-eval-samples", cfg.max_eval_samples) for s in self.data.evals if s.labelled]

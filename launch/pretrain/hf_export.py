@@ -93,7 +93,7 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> d
         return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
 
 
-# DeepSpeed's BF16_Optimizer (bf16 with fp32 gradient accumulation, our bf16 at ZeRO-0/1) writes these;
+# DeepSpeed's BF16_Optimizer (bf16 with fp32 gradient accumulation: our bf16 at ZeRO-1) writes these;
 # zero_to_fp32 refuses them ("is not a zero checkpoint").
 BF16_OPTIM_FILES = "bf16_zero_pp_rank_*_mp_rank_00_optim_states.pt"
 
