@@ -260,11 +260,12 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     config.validate()
     start = time.time()
     files = outside(expand_inputs(config.inputs), config.out)
-    if config.vocab and any(same_file(f, config.vocab) for f in files):  # `--input data --vocab data/vocab.txt`
+    text_files = [f for f in files if not (config.vocab and same_file(f, config.vocab))]
+    if len(text_files) < len(files):  # `--input data --vocab data/vocab.txt`
         log.info("not reading --vocab %s as text", config.vocab)
-        files = [f for f in files if not same_file(f, config.vocab)]
-        if not files:
+        if not text_files:
             raise ValueError(f"the only input file is --vocab {config.vocab}; give the text with --input")
+        files = text_files
     runner = options.view_as(beam.options.pipeline_options.StandardOptions).runner
     if runner == LOCAL_RUNNER:  # this process holds every stage's output
         log.debug("glibc mmap threshold fixed: %s", return_large_frees_to_os())
