@@ -101,7 +101,13 @@ def _cell(stats: dict[str, Any] | None, seeds: int) -> str:
             + (f" (n={n})" if n < seeds else ""))  # some of this row's seeds failed
 
 
-def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
+def _dataset(trials: Sequence[dict[str, Any]]) -> str:
+    """What the F1 is measured on: the paper's CoNLL-2003, or the user's own tag data."""
+    tasks = {t["point"]["task"] for t in trials}
+    return "CoNLL-2003 NER" if tasks <= {"conll2003"} else f"{'/'.join(sorted(tasks))} (your token data)"
+
+
+def markdown_table(summary: dict[str, dict[str, Any]], *, name: str, dataset: str) -> str:
     has_test = any(info["test_f1"] for info in summary.values())
     seeds = max((len(info["seeds"]) + len(info["failed"]) for info in summary.values()), default=0)  # restarts asked for
     head = f"| System | `--layers` | Paper, BERT-Base: dev F1 | {name}: dev F1 |" + (f" {name}: test F1 |" if has_test else "")
@@ -115,7 +121,7 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
         if has_test:
             cells.append(_cell(info["test_f1"], seeds))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"CoNLL-2003 NER, entity-level F1 x100 (seqeval), mean ± std (population) over {seeds} seed(s) per row. "
+    lines += ["", f"{dataset}, entity-level F1 x100 (seqeval), mean ± std (population) over {seeds} seed(s) per row. "
               "`last4-*` and `all-weighted` take the checkpoint's own layers (all 12 of BERT-Base in the paper)."]
     failed = sum(len(info["failed"]) for info in summary.values())
     if failed:
@@ -123,7 +129,7 @@ def markdown_table(summary: dict[str, dict[str, Any]], *, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict[str, dict[str, Any]], path: Path, *, name: str) -> None:
+def plot(summary: dict[str, dict[str, Any]], path: Path, *, name: str, dataset: str) -> None:
     """Grouped bars per row: the paper's dev F1, ours on dev (± std), ours on test when there is one."""
     import matplotlib
 
@@ -148,7 +154,7 @@ def plot(summary: dict[str, dict[str, Any]], path: Path, *, name: str) -> None:
     ax.set_ylim(max(0.0, lowest - 10), 100)
     ax.set_xticks(x, [label.replace(" Hidden", "").replace("Weighted Sum", "W. sum") for label in labels],
                   rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("CoNLL-2003 entity F1 (x100)")
+    ax.set_ylabel(f"{dataset.removesuffix(' NER')}: entity F1 (x100)")
     ax.set_title("Table 7: which layers to use as features (BiLSTM on frozen activations) vs fine-tuning")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(series), frameon=False)
     fig.tight_layout()
@@ -160,9 +166,10 @@ def plot(summary: dict[str, dict[str, Any]], path: Path, *, name: str) -> None:
 def write_results(out: Path, trials: list[dict[str, Any]], *, name: str) -> tuple[dict[str, dict[str, Any]], str]:
     """OUT/results.json, OUT/results.md and OUT/sweep.png; returns (summary, the markdown table)."""
     summary = summarize(trials)
-    table = markdown_table(summary, name=name)
+    dataset = _dataset(trials)
+    table = markdown_table(summary, name=name, dataset=dataset)
     write_text_atomic(out / "results.json", json.dumps({"grid": NAME, "summary": summary, "trials": trials}, indent=2,
                                                         default=str) + "\n")
     write_text_atomic(out / "results.md", table)
-    plot(summary, out / "sweep.png", name=name)
+    plot(summary, out / "sweep.png", name=name, dataset=dataset)
     return summary, table

@@ -29,11 +29,19 @@ def test_table_puts_ours_beside_the_paper_with_mean_and_std():
               for p in table7.points(["conll2003"], [1, 2])]
     trials[0] = {**trials[0], "metrics": None, "error": "RuntimeError: boom"}  # fine-tuning, seed 1
     summary = table7.summarize(trials)
-    lines = table7.markdown_table(summary, name="MiniLM").splitlines()
+    lines = table7.markdown_table(summary, name="MiniLM", dataset=table7._dataset(trials)).splitlines()
     assert lines[0] == "| System | `--layers` | Paper, BERT-Base: dev F1 | MiniLM: dev F1 | MiniLM: test F1 |"
     assert "| Concat Last Four Hidden | `last4-concat` | 96.1 | 83.0 ± 1.0 | 70.0 ± 0.0 |" in lines
     assert "| Fine-tuning | - | 96.4 | 84.0 (n=1) | 70.0 (n=1) |" in lines  # one of two seeds left: no ±, n shown
     assert lines[-1] == "Failed trials (after retries): 1."
+    assert lines[-2].startswith("CoNLL-2003 NER, entity-level F1")
+
+
+def test_own_token_data_is_not_labelled_conll2003(tmp_path):
+    trials = [{"point": p, "metrics": {"f1": 0.5}, "error": None} for p in table7.points(["tag"], [1])]
+    table7.write_results(tmp_path, trials, name="MiniLM")
+    note = (tmp_path / "results.md").read_text().splitlines()[-1]
+    assert note.startswith("tag (your token data), entity-level F1") and "CoNLL" not in note
 
 
 @pytest.mark.slow
