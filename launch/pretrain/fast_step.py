@@ -89,8 +89,10 @@ class UpdateSkipper:
         self.in_a_row += 1
         for i in [i for i, flag in enumerate(flags) if flag]:
             total += 1
-            log.warning("non-finite loss at step %d (micro-batch %d of %d, samples %s...): micro-batch skipped, and "
-                        "with it this step's update (%d step(s) in a row, %d micro-batch(es) in total)", step, i + 1,
+            # A dropped update leaves the step count where it was: "try N" tells the retries of one step apart.
+            log.warning("non-finite loss at step %d, try %d (micro-batch %d of %d, samples %s...): micro-batch "
+                        "skipped, and with it this try's update; the step is retried with the next global batch "
+                        "(%d step(s) in a row, %d micro-batch(es) in total)", step, self.in_a_row, i + 1,
                         len(flags), sample_ids[i][:4].tolist(), self.in_a_row, total)
         if self.in_a_row >= self.max_in_a_row:
             raise NonFiniteLossError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -523,6 +524,9 @@ def test_nonfinite_losses_are_skipped_counted_then_stop_the_run(small_corpus, tm
     # Steps, not micro-batches: tiny's global batch of 32 is 4 micro-batches of 8 on one process (2 a rank on
     # two); counted by micro-batch, the first bad step alone reached the limit. Each rank logs every micro-batch.
     assert [done.stderr.count(f"({n} step(s) in a row") for n in (1, 2, 3, 4)] == [4, 4, 4, 0]
+    # A dropped update does not advance the step: the three tries of step 1 are told apart.
+    tries = re.findall(r"non-finite loss at step (\d+), try (\d) ", done.stderr)
+    assert len({step for step, _ in tries}) == 1 and sorted(n for _, n in tries) == list("111122223333"), tries
     assert done.stderr.count("micro-batch skipped") == 3 * 4  # 3 steps x (4 / nproc micro-batches x nproc ranks)
 
 
