@@ -97,6 +97,15 @@ def _inspect(args: argparse.Namespace) -> int:
 
     if len(args.action) != 2:
         raise CliError("usage: bertpipe corpus inspect DIR")
+    # `inspect DIR --seq-len 64` would show DIR as it was built, whatever the flag says.
+    build = ([("--" + {"inputs": "input", "input_format": "format"}.get(k, k).replace("_", "-")) for k in given_flags(args)]
+             + (["--config"] if args.config else []) + (["--runner"] if args.runner else [])
+             + [a.split("=", 1)[0] for a in args.beam_args if a.startswith("--")])
+    if build:
+        raise CliError(f"corpus inspect reads a built corpus as it is and takes only --examples and --verify: drop "
+                       f"{', '.join(build)} (build flags, for `bertpipe corpus --input ... --out ...`)")
+    if args.examples < 0:
+        raise CliError(f"--examples {args.examples}: give 0 or more decoded instances to show")
     try:
         print(summary(args.action[1], args.examples, verify=args.verify))
     except ValueError as err:

@@ -70,6 +70,15 @@ def test_inspect(small_corpus, capsys):
     with pytest.raises(SystemExit) as err:
         cli.main(["corpus", "inspect", str(small_corpus / "nope")])
     assert err.value.code == 2 and "no manifest.json" in capsys.readouterr().err
+    # Build flags beside inspect are refused, not ignored: the corpus shows as it was built.
+    for extra, named in [(["--seq-len", "32"], "--seq-len"), (["--input", "x"], "--input"),
+                         (["--runner", "DirectRunner"], "--runner"), (["--flink_master=h:1"], "--flink_master")]:
+        with pytest.raises(SystemExit) as err:
+            cli.main(["corpus", "inspect", str(small_corpus), *extra])
+        assert err.value.code == 2 and f"drop {named} (build flags" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:
+        cli.main(["corpus", "inspect", str(small_corpus), "--examples", "-1"])
+    assert err.value.code == 2 and "--examples -1" in capsys.readouterr().err
 
 
 @pytest.mark.slow
