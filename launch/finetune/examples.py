@@ -173,9 +173,14 @@ def read_delimited(
 
 
 def _utf8(reader, path: Path, f) -> Iterator[list[str]]:
-    """The reader's records; a byte that is not UTF-8 stops the run naming the file and line."""
+    """The reader's records; a byte that is not UTF-8, or a NUL (valid UTF-8 that no text holds: UTF-16
+    without its byte-order mark, or a binary file), stops the run naming the file and line."""
     try:
-        yield from reader
+        for fields in reader:
+            if any("\0" in field for field in fields):
+                f.close()
+                raise nul_byte(path, reader.line_num)
+            yield fields
     except UnicodeDecodeError as err:
         f.close()
         raise not_utf8(path, err, reader.line_num) from None
@@ -187,9 +192,16 @@ def text_lines(path: Path) -> Iterator[tuple[int, str]]:
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of the first line
             for line_no, line in enumerate(f, 1):
+                if "\0" in line:
+                    raise nul_byte(path, line_no)
                 yield line_no, line
     except UnicodeDecodeError as err:
         raise not_utf8(path, err, line_no) from None
+
+
+def nul_byte(path: Path, line: int) -> DataError:
+    return DataError(f"{path}: a NUL byte on line {line}, which text does not hold (UTF-16, or not a text file?); "
+                     f"save it as UTF-8 text")
 
 
 def not_utf8(path: Path, err: UnicodeDecodeError, after_line: int) -> DataError:

@@ -268,6 +268,15 @@ def test_files_that_are_not_utf8_are_named(tmp_path):
     with pytest.raises(DataError, match=r"train.tsv: not UTF-8 text"):
         userdata.read_text_split(tmp_path / "train.tsv", userdata.Columns(), labelled=True, regression=False,
                                  skips=SkipCounter())
+    # NUL is valid UTF-8 but no text holds it: UTF-16 without its byte-order mark reads as text with a NUL
+    # after each ASCII letter, which the tokenizer would drop without a word.
+    (tmp_path / "train.csv").write_bytes("text,label\nfine,1\n".encode() + "good,0\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match=r"train.csv: a NUL byte on line 3, .*save it as UTF-8 text"):
+        userdata.read_text_split(tmp_path / "train.csv", userdata.Columns(), labelled=True, regression=False,
+                                 skips=SkipCounter())
+    (tmp_path / "train.txt").write_bytes(b"EU NNP B-NP B-ORG\nRome\0 NNP B-NP B-LOC\n")
+    with pytest.raises(DataError, match=r"train.txt: a NUL byte on line 2, "):
+        conll.read_conll(tmp_path / "train.txt")
 
 
 def test_user_tag_refuses_tags_that_are_not_entity_tags(tmp_path):
