@@ -36,7 +36,8 @@ def regression_metrics(labels: Sequence[float], preds: Sequence[float]) -> dict[
     from scipy.stats import pearsonr, spearmanr
 
     y, p = np.asarray(labels, dtype=np.float64), np.asarray(preds, dtype=np.float64)
-    if len(y) < 2 or np.std(p) == 0 or np.std(y) == 0:
+    # Constant means every value equal: np.std of [0.1] * 3 is 1.4e-17, not 0, and scipy's answer NaN.
+    if len(y) < 2 or np.ptp(p) == 0 or np.ptp(y) == 0:
         # Correlation is undefined for constant predictions (an untrained model can produce them).
         pearson = spearman = 0.0
     else:

@@ -40,6 +40,9 @@ def test_regression_correlations():
     assert m["spearmanr"] == pytest.approx(1.0)
     assert m["pearson"] == pytest.approx(float(np.corrcoef(y, p)[0, 1]))
     assert metrics.regression_metrics(y, [2.0] * 5)["pearson"] == 0.0  # constant predictions: defined as 0
+    # Constant whatever the rounding of their mean (np.std([0.1] * 3) is 1.4e-17): 0, not scipy's NaN.
+    assert metrics.regression_metrics([1, 2, 3], [0.1] * 3) == {"pearson": 0.0, "spearmanr": 0.0,
+                                                                 "mse": pytest.approx(4.2766666)}
 
 
 def test_entity_level_ner_f1():
