@@ -42,6 +42,8 @@ class GlueSpec:
     dev_files: dict[str, str] = field(default_factory=lambda: {"dev": "dev.tsv"})
     # test file -> submission file name
     test_files: dict[str, str] = field(default_factory=dict)
+    # test file -> the folder beside the task's where the GLUE download puts it (MNLI's diagnostic set)
+    test_dirs: dict[str, str] = field(default_factory=dict)
 
 
 GLUE_TASKS: dict[str, GlueSpec] = {
@@ -51,7 +53,9 @@ GLUE_TASKS: dict[str, GlueSpec] = {
             "mnli", "MNLI", "sentence1", "sentence2", "gold_label", ("contradiction", "entailment", "neutral"),
             ("accuracy",),
             dev_files={"dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv"},
-            test_files={"test_matched.tsv": "MNLI-m.tsv", "test_mismatched.tsv": "MNLI-mm.tsv"},
+            # The diagnostic set (AX) is scored by the server with the MNLI model's predictions.
+            test_files={"test_matched.tsv": "MNLI-m.tsv", "test_mismatched.tsv": "MNLI-mm.tsv", "diagnostic.tsv": "AX.tsv"},
+            test_dirs={"diagnostic.tsv": "diagnostic"},
         ),
         GlueSpec("qqp", "QQP", "question1", "question2", "is_duplicate", ("0", "1"), ("f1", "accuracy"),
                  id_column="id", test_files={"test.tsv": "QQP.tsv"}),
@@ -129,19 +133,27 @@ def read_split(spec: GlueSpec, data_dir: Path, split: str, *, skip_malformed: bo
     elif split in spec.dev_files:
         out = read_glue_file(spec, base / spec.dev_files[split], labelled=True, skips=skips)
     elif split in spec.test_files:
-        out = read_glue_file(spec, base / split, labelled=False, skips=skips)
+        out = read_glue_file(spec, _test_path(spec, data_dir, split), labelled=False, skips=skips)
     else:
         raise DataError(f"{spec.name} has no split {split!r}")
     if split in spec.test_files and skips.count:
-        raise DataError(f"{base / split}: {skips.count} malformed line(s), e.g. {skips.where[0]}; the GLUE server takes "
+        raise DataError(f"{_test_path(spec, data_dir, split)}: {skips.count} malformed line(s), e.g. {skips.where[0]}; the GLUE server takes "
                         "a submission only with a prediction for every test line: fix them")
     skips.log(f"{spec.dir_name} {split}")
     return out
 
 
+def _test_path(spec: GlueSpec, data_dir: Path, name: str) -> Path:
+    """A test file in the task's folder, else in the folder beside it where the GLUE download puts it."""
+    path = task_dir(spec, data_dir) / name
+    if not path.is_file() and name in spec.test_dirs:
+        beside = data_dir / spec.test_dirs[name] / name
+        path = beside if beside.is_file() else path
+    return path
+
+
 def available_tests(spec: GlueSpec, data_dir: Path) -> list[str]:
-    base = task_dir(spec, data_dir)
-    return [name for name in spec.test_files if (base / name).is_file()]
+    return [name for name in spec.test_files if _test_path(spec, data_dir, name).is_file()]
 
 
 def write_submission(path: Path, ids: Sequence[str], predictions: Sequence[str | float]) -> None:

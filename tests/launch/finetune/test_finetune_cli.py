@@ -70,6 +70,8 @@ def test_mnli_matched_mismatched_and_glue_submission(tiny_checkpoint, tmp_path):
     assert sub[0] == "index\tprediction" and len(sub) == 4
     assert all(line.split("\t")[1] in ("contradiction", "entailment", "neutral") for line in sub[1:])
     assert (out / "submission" / "MNLI-m.tsv").is_file()
+    ax = (out / "submission" / "AX.tsv").read_text().splitlines()  # the server scores it with MNLI's model
+    assert ax[0] == "index\tprediction" and [line.split("\t")[0] for line in ax[1:]] == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize("task, submission, keys", [("qnli", "QNLI.tsv", {"accuracy"}), ("qqp", "QQP.tsv", {"f1", "accuracy"})])

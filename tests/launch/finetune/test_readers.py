@@ -55,7 +55,9 @@ def test_mnli_matched_mismatched_and_tests():
     assert names == [
         ("dev_matched", True, "", None), ("dev_mismatched", True, "mismatched_", None),
         ("test_matched.tsv", False, "", "MNLI-m.tsv"), ("test_mismatched.tsv", False, "", "MNLI-mm.tsv"),
+        ("diagnostic.tsv", False, "", "AX.tsv"),  # GLUE's diagnostic set, in diagnostic/ beside MNLI/
     ]
+    assert [ex.guid for ex in data.evals[4].examples] == ["0", "1", "2"]
     assert data.evals[0].examples[1].label == "contradiction"  # dev: gold_label is the last of 16 columns
     assert data.evals[2].examples[0].guid == "0" and data.evals[2].examples[0].label is None
 
