@@ -280,8 +280,12 @@ class QATask(Task):
         return batch
 
     def loss(self, out, batch):
-        return (F.cross_entropy(out.start_logits.float(), batch["start_positions"])
-                + F.cross_entropy(out.end_logits.float(), batch["end_positions"])) / 2
+        # Padding is never an answer: its logits leave the softmax. Without this the padded layout scored
+        # W·h + b there and `unpad` (zeros in, the bias out) another number: the two trained differently.
+        pad = batch["attention_mask"] == 0
+        start, end = (logits.float().masked_fill(pad, torch.finfo(torch.float32).min)
+                      for logits in (out.start_logits, out.end_logits))
+        return (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
 
     def gather(self, out, batch):
         both = torch.stack([out.start_logits, out.end_logits], dim=-1).float().cpu().numpy()

@@ -217,6 +217,36 @@ def test_unpad_runs_the_same_model_on_fewer_tokens(tiny_checkpoint, tmp_path, ta
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("task", ["squad", "conll2003", "sst2"])
+def test_unpad_trains_on_the_same_loss(tiny_checkpoint, tmp_path, task):
+    """The training loss and its gradients are the padded layout's under `unpad` too: SQuAD's softmax
+    over positions used to count padding, whose logits the two layouts compute differently."""
+    import shutil
+
+    from repo_paths import REPO
+
+    data = {"squad": tmp_path / "squad", "conll2003": REPO / "data" / "conll2003", "sst2": GLUE}[task]
+    if task == "squad":
+        data.mkdir()
+        for name in ("train-v1.1.json", "dev-v1.1.json"):
+            shutil.copy(REPO / "data" / "squad" / "dev-v1.1-subset.json", data / name)
+    results = []
+    for unpad in (True, False):
+        cfg = _cfg(tiny_checkpoint, tmp_path / str(unpad), 0)
+        cfg.task, cfg.data_dir, cfg.unpad, cfg.max_seq_len = task, str(data), unpad, 128
+        ft = Finetuner(cfg)
+        ft.prepare()
+        ft.model.eval()  # no dropout: the two layouts draw their masks over different shapes
+        batch = ft.task.collate(sorted(ft.train_feats, key=lambda f: len(f.input_ids))[::4][:8])
+        assert len(set(batch["attention_mask"].sum(1).tolist())) > 1  # the batch pads
+        loss = ft.batch_loss(batch)
+        loss.backward()
+        results.append((loss.item(), torch.cat([p.grad.flatten() for p in ft.model.parameters() if p.grad is not None])))
+    (loss_u, grad_u), (loss_p, grad_p) = results
+    assert loss_u == pytest.approx(loss_p, rel=1e-5)
+    torch.testing.assert_close(grad_u, grad_p, rtol=1e-4, atol=1e-6)
+
+
 def _sst2_copy(tmp_path: Path, dev_rows: int, test_lines: list[str] | None = None) -> Path:
     src = (GLUE / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines(True)
     d = tmp_path / "SST-2"
