@@ -40,8 +40,16 @@ def load_torch_file(path: str | Path, allowed_globals: tuple[Any, ...] = (), map
         detail = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", str(err), re.S)
         raise ValueError(f"{path}: refused to load: it is not a file of tensors and plain values "
                          f"({detail.group(1) if detail else str(err).splitlines()[0][:200]})") from None
-    except (RuntimeError, OSError, EOFError) as err:
-        raise ValueError(f"{path} is truncated or not a PyTorch tensor file ({str(err).splitlines()[0][:200]})") from None
+    except (RuntimeError, OSError, EOFError, KeyError, IndexError, ValueError) as err:
+        # Whatever unpickling a file that is not one hits: an empty file's EOFError says nothing, "hello"'s
+        # is a KeyError from the pickle memo.
+        raise _not_tensors(path, err) from None
+
+
+def _not_tensors(path: Path, err: BaseException) -> ValueError:
+    line = (str(err).splitlines() or [""])[0][:200]
+    detail = f"{type(err).__name__}: {line}" if line else type(err).__name__
+    return ValueError(f"{path} is truncated or not a PyTorch tensor file ({detail})")
 
 
 def check_torch_file(path: str | Path, allowed_names: frozenset[str] = frozenset()) -> None:
@@ -52,7 +60,7 @@ def check_torch_file(path: str | Path, allowed_names: frozenset[str] = frozenset
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except (ValueError, RuntimeError, OSError, KeyError) as err:
         if not isinstance(err, ValueError):  # a zip archive cut short
-            raise ValueError(f"{path} is truncated or not a PyTorch tensor file ({str(err).splitlines()[0][:200]})") from None
+            raise _not_tensors(path, err) from None
         load_torch_file(path, map_location="meta")  # not a zip archive: the legacy format, checked by loading it
         return
     unsafe = [name for name in found if name not in allowed_names]

@@ -161,6 +161,12 @@ def test_a_legacy_pickle_file_and_a_cut_short_file_are_refused_in_one_line(tmp_p
     for check in (check_torch_file, load_torch_file):
         with pytest.raises(ValueError, match=r"cut.pt is truncated or not a PyTorch tensor file"):
             check(cut)
+    # An empty file (EOFError with no message) and text (a KeyError from the pickle memo): the same one line.
+    for content, detail in ((b"", "EOFError"), (b"hello\n", "KeyError")):
+        cut.write_bytes(content)
+        for check in (check_torch_file, load_torch_file):
+            with pytest.raises(ValueError, match=rf"cut.pt is truncated or not a PyTorch tensor file \({detail}"):
+                check(cut)
     assert not marker.exists()
 
 
