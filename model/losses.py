@@ -28,7 +28,8 @@ class _BlockwiseCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits_NV: torch.Tensor, labels_N: torch.Tensor, block: int) -> torch.Tensor:
         valid_N = labels_N != IGNORE
-        target_N = labels_N.clamp(min=0)
+        # Only IGNORE rows pick a stand-in class: any other label outside [0, V) fails in gather, as in F.cross_entropy.
+        target_N = torch.where(valid_N, labels_N, 0)
         lse_N = torch.empty(logits_NV.shape[0], dtype=torch.float32, device=logits_NV.device)
         for start in range(0, logits_NV.shape[0], block):
             lse_N[start:start + block] = torch.logsumexp(logits_NV[start:start + block].float(), dim=-1)
@@ -44,7 +45,8 @@ class _BlockwiseCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: torch.Tensor):
         logits_NV, target_N, valid_N, lse_N, count = ctx.saved_tensors
         grad_NV = torch.empty_like(logits_NV)
-        row_scale_N = valid_N.float() * (grad_loss / count)
+        # No valid row: zero gradients, as F.cross_entropy's (0 * grad / 0 would be NaN).
+        row_scale_N = valid_N.float() * (grad_loss / count.clamp(min=1))
         for start in range(0, logits_NV.shape[0], ctx.block):
             end = start + ctx.block
             probs = torch.exp(logits_NV[start:end].float() - lse_N[start:end, None])  # softmax of the block

@@ -138,6 +138,18 @@ def test_blockwise_loss_on_16bit_logits_matches_cross_entropy_on_an_fp32_copy(dt
     assert logits.grad[::6].abs().max() == 0  # ignored rows get no gradient
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blockwise_loss_edges_are_cross_entropys(dtype):
+    """Every label ignored: a NaN loss (0/0) but zero gradients, as F.cross_entropy; a negative label
+    other than -100 fails as it does there, not trained as class 0."""
+    logits = torch.randn(6, 40).to(dtype).requires_grad_()
+    loss = masked_lm_loss(logits, torch.full((6,), -100), block=4)
+    loss.backward()
+    assert loss.isnan() and torch.equal(logits.grad, torch.zeros_like(logits))
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds|out of range"):
+        masked_lm_loss(logits, torch.tensor([1, 2, -1, 3, 4, 5]), block=4)
+
+
 def test_fp32_loss_and_counts_are_the_reference_formula_bit_for_bit():
     g = torch.Generator().manual_seed(1)
     mlm = torch.randn(4, 5, 50, generator=g)
