@@ -154,7 +154,10 @@ def init_weights(module: nn.Module, config: BertConfig) -> None:
     std = config.initializer_range
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.trunc_normal_(m.weight, mean=0.0, std=std, a=-2 * std, b=2 * std)
+            if std > 0:
+                nn.init.trunc_normal_(m.weight, mean=0.0, std=std, a=-2 * std, b=2 * std)
+            else:  # initializer_range 0, which an HF config may hold: trunc_normal_ divides by the std
+                nn.init.zeros_(m.weight)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.LayerNorm):

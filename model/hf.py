@@ -414,6 +414,8 @@ def save_pretrained(model: nn.Module, path: str | Path, vocab_file: str | Path |
     if arch is None:
         raise ValueError(f"cannot export a {type(model).__name__}; supported: {', '.join(c.__name__ for c in _ARCHITECTURES)}")
     config: BertConfig = model.config
+    if vocab_file is not None and (n := count_vocab(Path(vocab_file))) != config.vocab_size:  # before any file is written
+        raise ValueError(f"{vocab_file} has {n} tokens but the model's vocab_size is {config.vocab_size}; pass the vocabulary the model was trained with")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     extra = dict(extra_config or {})
@@ -425,10 +427,6 @@ def save_pretrained(model: nn.Module, path: str | Path, vocab_file: str | Path |
     tensors = ours_to_hf(state, config, prefix="" if type(model) is BertModel else "bert.")
     save_file({k: t.cpu() for k, t in tensors.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config_to_hf(config, arch, extra), indent=2, sort_keys=True) + "\n")
-    if vocab_file is not None:
-        n = count_vocab(Path(vocab_file))
-        if n != config.vocab_size:
-            raise ValueError(f"{vocab_file} has {n} tokens but the model's vocab_size is {config.vocab_size}; pass the vocabulary the model was trained with")
-        if Path(vocab_file).resolve() != (path / "vocab.txt").resolve():
-            shutil.copyfile(vocab_file, path / "vocab.txt")
+    if vocab_file is not None and Path(vocab_file).resolve() != (path / "vocab.txt").resolve():
+        shutil.copyfile(vocab_file, path / "vocab.txt")
     return path

@@ -156,6 +156,13 @@ def test_export_refuses_a_vocab_of_the_wrong_size(tmp_path):
     vocab.write_text("[PAD]\n[UNK]\n")
     with pytest.raises(ValueError, match="2 tokens"):
         save_pretrained(BertModel(BertConfig.preset("tiny")), tmp_path / "out", vocab_file=vocab)
+    assert not (tmp_path / "out").exists()  # refused before any file is written
+
+
+def test_initializer_range_zero_builds_a_model():
+    """An HF config may hold initializer_range 0 (the config allows it); the init divided by it."""
+    model = BertModel(BertConfig.preset("tiny", vocab_size=100, initializer_range=0.0))
+    assert model.embeddings.word.weight.abs().max() == 0
 
 
 def test_sharded_safetensors_checkpoint_loads(tmp_path):
