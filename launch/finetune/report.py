@@ -141,10 +141,11 @@ def markdown_table(rows: dict[str, dict[str, dict[str, Any]]]) -> str:
         if best is None:
             return "-"
         c = best["config"]
-        # Any other swept setting is named too (one that differs between this row's grid points).
+        # The paper's three where the grid sets them (flags fix the rest), then any other swept setting
+        # (one that differs between this row's grid points).
         swept = swept_beyond_lr_batch_epochs([g["config"] for g in summary[t]["grid"]])
-        return ", ".join([f"lr {c.get('lr', '?'):g}", f"bs {c.get('batch_size', '?')}", f"ep {c.get('epochs', '?')}",
-                          *(f"{k} {c.get(k)}" for k in swept)])
+        return ", ".join([_setting(k, c[k]) for k in ("lr", "batch_size", "epochs") if k in c]
+                         + [_setting(k, c.get(k)) for k in swept]) or "-"
 
     config_rows = [f"| best config{'' if len(rows) == 1 else ', ' + name} | " + " | ".join(cfg(summary, t) for t in tasks)
                    + " | |" for name, summary in rows.items()]
@@ -158,21 +159,41 @@ def markdown_table(rows: dict[str, dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_ABBR = {"lr": "lr", "batch_size": "bs", "epochs": "ep"}
+
+
+def _setting(key: str, value: Any) -> str:
+    shown = f"{value:g}" if isinstance(value, float) else value
+    return f"{_ABBR.get(key, key)} {shown}"
+
+
+def x_setting(points: Sequence[dict[str, Any]]) -> str | None:
+    """What a grid plot puts on its x axis: the learning rate where the grid sets it, else the first
+    other swept setting whose values are all numbers (a grid of `warmup` alone), else nothing."""
+    if any("lr" in p for p in points):
+        return "lr"
+    numeric = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    return next((k for k in swept_beyond_lr_batch_epochs(points) if all(numeric(p.get(k)) for p in points)), None)
+
+
 def grid_lines(trials: Sequence[dict[str, Any]], task: str) -> dict[str, dict[float, list[float]]]:
-    """One task's dev scores by line label, then learning rate: a line per (batch size, epochs, any
-    other swept setting), so that points differing in, say, `init` are never averaged together."""
+    """One task's dev scores by line label, then the `x_setting` (the learning rate): a line per
+    (batch size, epochs, any other swept setting), so that points differing in, say, `init` are
+    never averaged together."""
     scored = [(t["point"], t["metrics"]["score"]) for t in trials
               if t["point"]["task"] == task and (t.get("metrics") or {}).get("score") is not None]
-    swept = swept_beyond_lr_batch_epochs([p for p, _ in scored])
+    x = x_setting([p for p, _ in scored])
+    swept = [k for k in swept_beyond_lr_batch_epochs([p for p, _ in scored]) if k != x]
     lines: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for p, score in scored:
-        lines[(p.get("batch_size"), p.get("epochs"), *((k, p.get(k)) for k in swept))][float(p.get("lr", 0))].append(score)
-    return {", ".join([f"bs {bs}", f"ep {ep}", *(f"{k} {v}" for k, v in others)]): dict(by_lr)
-            for (bs, ep, *others), by_lr in sorted(lines.items(), key=lambda kv: str(kv[0]))}
+        label = tuple((k, p[k]) for k in ("batch_size", "epochs") if k in p) + tuple((k, p.get(k)) for k in swept)
+        lines[label][float(p[x]) if x else 0.0].append(score)
+    return {", ".join(_setting(k, v) for k, v in label) or task: dict(by_x)
+            for label, by_x in sorted(lines.items(), key=lambda kv: str(kv[0]))}
 
 
 def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any]], path: Path) -> None:
-    """Dev metric against learning rate, one line per `grid_lines` label, one panel per task."""
+    """Dev metric against the learning rate (`x_setting`), one line per `grid_lines` label, one panel per task."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,14 +203,16 @@ def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         lines = grid_lines(trials, task)
+        x = x_setting([t["point"] for t in trials if t["point"]["task"] == task])
         for label, by_lr in lines.items():
             lrs = sorted(by_lr)
             (line,) = ax.plot(lrs, [statistics.fmean(by_lr[lr]) for lr in lrs], marker="o", label=label)
             for lr in lrs:
                 if len(by_lr[lr]) > 1:  # the seeds behind the mean, in their line's colour
                     ax.scatter([lr] * len(by_lr[lr]), by_lr[lr], s=8, alpha=0.5, color=line.get_color())
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
+        if x == "lr":
+            ax.set_xscale("log")
+        ax.set_xlabel({"lr": "learning rate", None: ""}.get(x, x))
         ax.set_ylabel(f"dev {summary[task]['metric']}")
         ax.set_title(TITLES.get(task, task))
         if lines:

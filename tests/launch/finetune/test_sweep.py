@@ -121,6 +121,22 @@ def test_a_swept_init_gives_each_init_its_own_row_and_best_config():
                                           "bs 32, ep 2, init random": {5e-4: [0.76, 0.77], 1e-3: [0.70, 0.72]}}
 
 
+def test_a_grid_without_lr_is_reported_and_plotted_by_what_it_sweeps(tmp_path):
+    """A grid of `warmup` alone (docs/finetune.md's example) crashed formatting a missing lr after
+    every trial had run, and no results were written."""
+    from launch.finetune.report import plot_grid
+
+    trials = [{"point": {"task": "sst2", "warmup": w, "seed": seed, "index": i}, "metrics": {"score": score},
+               "error": None}
+              for i, (w, seed, score) in enumerate([(0.06, 1, 0.70), (0.06, 2, 0.72), (0.1, 1, 0.75), (0.1, 2, 0.77)])]
+    rows = system_rows(trials, name="hf_model")
+    assert markdown_table(rows).splitlines()[3:5] == ["| hf_model | 76.0 ±1.0 | 76.0 |",
+                                                      "| best config | warmup 0.1 | |"]
+    assert grid_lines(trials, "sst2") == {"sst2": {0.06: [0.70, 0.72], 0.1: [0.75, 0.77]}}
+    plot_grid(trials, summarize(trials), tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 5000
+
+
 def test_a_trial_worker_stopped_by_ray_prints_no_traceback_but_other_unraisable_errors_still_show():
     # Ray's SIGTERM handler raises SystemExit; inside a weakref callback (here: __del__) Python printed
     # "Exception ignored in ... SystemExit: 1", forwarded into the sweep's output.
