@@ -210,6 +210,16 @@ def _mapping_without_repeats(loader: StrictYamlLoader, node: yaml.MappingNode, d
 StrictYamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats)
 
 
+def _key_not_a_name(data: dict[Any, Any], prefix: str = "") -> tuple[str, Any] | None:
+    """(where, key) of the first key that is not a string (`1:` or `null:`), at any depth."""
+    for key, value in data.items():
+        if not isinstance(key, str):
+            return prefix.rstrip("."), key
+        if isinstance(value, dict) and (odd := _key_not_a_name(value, f"{prefix}{key}.")) is not None:
+            return odd
+    return None
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -221,6 +231,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         # Not `{path}: ...`: a relative path like `c.yaml` would read as a config key.
         raise ValueError(f"config file {path}: expected a mapping of config keys at the top level")
+    if (odd := _key_not_a_name(data)) is not None:
+        raise ValueError(f"config file {path}: key {odd[1]!r}{' under ' + odd[0] if odd[0] else ''} is not a name; "
+                         "config keys are words (`optim:`, `lr:`)")
     if "defaults" in data:  # it was dropped without a word, and a BERT-base model trained where tiny was meant
         raise ValueError(f"config file {path}: `defaults:` is not supported; pass the preset as --config PRESET and "
                          "your changes as flags, or copy the preset's keys into this file")

@@ -68,16 +68,17 @@ def test_missing_file_and_unknown_preset():
     # PyYAML keeps the second `optim:`: lr 0.05 was lost without a word
     ("optim:\n  lr: 0.05\noptim:\n  name: lamb\n", r"key 'optim' appears twice \(lines 1 and 3\); the second would replace"),
     ("optim:\n  lr: 0.05\n  lr: 0.01\n", r"key 'lr' appears twice \(lines 2 and 3\)"),
-    ("1: 2\n", r"config key 1 is not a name"),  # a TypeError traceback
-    ("optim:\n  null: 2\n", r"config key None under optim is not a name"),
+    ("1: 2\n", r"run.yaml: key 1 is not a name"),  # a TypeError traceback
+    ("optim:\n  null: 2\n", r"run.yaml: key None under optim is not a name"),
     # dropped without a word: a BERT-base model trained where tiny was meant
     ("defaults: tiny\nseed: 3\n", r"`defaults:` is not supported; pass the preset as --config PRESET"),
 ])
 def test_a_config_file_that_would_lose_or_misread_settings_is_refused(tmp_path, text, message):
     path = tmp_path / "run.yaml"
     path.write_text(text)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as err:
         load_config(Run, path)
+    assert str(path) in str(err.value)  # every refusal names the file
 
 
 def test_saved_config_round_trips(tmp_path):
