@@ -50,6 +50,9 @@ class FinetuneConfig:
     Optimisation (the paper's grid: batch 16/32, lr 5e-5/3e-5/2e-5, epochs 2/3/4):
       lr, batch_size, epochs, warmup (fraction of steps with linear warm-up, then linear decay),
       weight_decay (AdamW, not on biases and LayerNorm), max_grad_norm, seed.
+      micro_batch_size: run each batch through the model in slices of this many examples and
+        accumulate their gradients, for when a batch does not fit in memory (BERT-Large at seq 384 on
+        a small GPU): the update is the whole batch's, so batch_size keeps its meaning.
     Data:
       max_seq_len; max_train_samples / max_eval_samples (a fixed random subset, the same for every
       seed, so seeds vary only the run); skip_malformed (count and skip bad lines instead of stopping);
@@ -84,6 +87,7 @@ class FinetuneConfig:
     vocab: str | None = None  # vocabulary you expect the checkpoint to use; refused unless it is the checkpoint's own
     lr: float = 2e-5  # peak learning rate (paper grid: 5e-5, 3e-5, 2e-5)
     batch_size: int = 32  # training batch size (paper grid: 16, 32)
+    micro_batch_size: int | None = None  # examples through the model at once, for memory: each batch's gradient accumulates over slices this size (the same update); null: the whole batch
     eval_batch_size: int = 64  # evaluation batch size
     epochs: int = 3  # training epochs (paper grid: 2, 3, 4)
     warmup: float = 0.1  # fraction of steps with linear warm-up, then linear decay
@@ -139,6 +143,8 @@ class FinetuneConfig:
             (bool(self.out), "--out is required"),
             (self.lr > 0, f"--lr must be positive, got {self.lr}"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.micro_batch_size is None or self.micro_batch_size >= 1,
+             f"--micro-batch-size must be >= 1 (or null: the whole batch), got {self.micro_batch_size}"),
             (self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
             (0.0 <= self.warmup < 1.0, f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}"),

@@ -25,7 +25,7 @@ from launch.finetune.device import pick_device
 from launch.finetune.finetune_config import FinetuneConfig
 from launch.finetune.history import TrainingHistory
 from launch.finetune.examples import DataError
-from launch.finetune.encoding import LengthGroupedBatches, loss_weights, use_length_grouping
+from launch.finetune.encoding import IGNORE, LengthGroupedBatches, loss_weights, use_length_grouping
 from launch.finetune.kinds import Task, TaskData
 from launch.finetune.tasks import get_task
 from launch.pretrain.pretrain_config import ScheduleSection
@@ -86,6 +86,15 @@ def linear_schedule(warmup: int, steps: int, decay_over: str = "after_warmup") -
     (`launch.pretrain.schedule`) with these settings."""
     return ScheduleSection(total_steps=steps, warmup_steps=warmup, decay="linear", min_lr_ratio=0.0,
                            decay_over=decay_over)
+
+
+def _loss_terms(batch: dict[str, torch.Tensor], model_kind: str) -> torch.Tensor:
+    """Per example, the terms the task's mean loss averages over: its labelled tokens for token tasks
+    (labels are IGNORE elsewhere), else 1."""
+    labels = batch.get("labels")
+    if model_kind == "token" and labels is not None:
+        return (labels != IGNORE).sum(dim=1)
+    return torch.ones(len(next(iter(batch.values()))), dtype=torch.long)
 
 
 def lr_factor(step: int, warmup: int, steps: int, decay_over: str = "after_warmup") -> float:
@@ -228,6 +237,32 @@ class Finetuner:
             out = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         return self.task.loss(out, batch)
 
+    def _backward(self, batch: dict[str, torch.Tensor], epoch: int, step: int) -> float:
+        """The batch's loss, with its gradient. With `micro_batch_size` below the batch, the gradient
+        accumulates over slices, each slice's mean loss weighted by its share of the batch's loss terms
+        (examples; labelled tokens where the loss averages over tokens): the whole batch's gradient."""
+        size = len(next(iter(batch.values())))
+        micro = min(self.cfg.micro_batch_size or size, size)
+        terms = _loss_terms(batch, self.task.model_kind)
+        if micro == size or terms.sum() == 0:
+            slices = [(batch, None)]
+        else:
+            slices = [({k: v[i : i + micro] for k, v in batch.items()}, terms[i : i + micro].sum() / terms.sum())
+                      for i in range(0, size, micro)]
+        value = 0.0
+        for part, share in slices:
+            if share is not None and share == 0:
+                continue  # no loss term in this slice (no labelled token): nothing to add
+            loss = self.batch_loss(part)
+            loss = loss if share is None else loss * share
+            if not math.isfinite(loss.item()):
+                # A ValueError: the CLI says it in one line and a sweep records the trial as failed, not crashed.
+                raise ValueError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
+                                 "diverged; lower the learning rate (--lr) or keep --max-grad-norm")
+            loss.backward()
+            value += loss.item()
+        return value
+
     def peak_lr(self) -> float:
         return self.cfg.lr
 
@@ -258,18 +293,13 @@ class Finetuner:
         for epoch in range(cfg.epochs):
             epoch_loss, n = 0.0, 0
             for batch in loader:
-                loss = self.batch_loss(batch)
-                if not math.isfinite(loss.item()):
-                    # A ValueError: the CLI says it in one line and a sweep records the trial as failed, not crashed.
-                    raise ValueError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
-                                     "diverged; lower the learning rate (--lr) or keep --max-grad-norm")
-                loss.backward()
+                value = self._backward(batch, epoch, step)
                 if cfg.max_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
-                value, lr = loss.item(), sched.get_last_lr()[0]
+                lr = sched.get_last_lr()[0]
                 epoch_loss += value
                 n += 1
                 step += 1
@@ -373,13 +403,19 @@ class Finetuner:
         return path
 
 
-def finetune(cfg: FinetuneConfig, **kwargs: Any) -> dict[str, Any]:
-    """Run one fine-tuning job; returns what it wrote to OUT/metrics.json."""
-    if cfg.feature_based:  # the paper's Table 7: a head on cached frozen activations
+def finetuner_for(cfg: FinetuneConfig, **kwargs: Any) -> Finetuner:
+    """The run's trainer: `Finetuner`, or with `feature_based` the paper's Table 7 setup (a head on cached
+    frozen activations) composed onto it."""
+    if cfg.feature_based:
         from launch.finetune.feature_based import FeatureBased
 
-        return type("FeatureBasedFinetuner", (FeatureBased, Finetuner), {})(cfg, **kwargs).run()
-    return Finetuner(cfg, **kwargs).run()
+        return type("FeatureBasedFinetuner", (FeatureBased, Finetuner), {})(cfg, **kwargs)
+    return Finetuner(cfg, **kwargs)
+
+
+def finetune(cfg: FinetuneConfig, **kwargs: Any) -> dict[str, Any]:
+    """Run one fine-tuning job; returns what it wrote to OUT/metrics.json."""
+    return finetuner_for(cfg, **kwargs).run()
 
 
 def _saved_out(out: Path) -> str | None:

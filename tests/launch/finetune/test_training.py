@@ -247,6 +247,39 @@ def test_unpad_trains_on_the_same_loss(tiny_checkpoint, tmp_path, task):
     torch.testing.assert_close(grad_u, grad_p, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("task,data_dir,feature_based", [("sst2", "data/glue", False), ("conll2003", "data", False),
+                                                        ("conll2003", "data", True)])
+def test_micro_batches_accumulate_the_whole_batch_gradient(tiny_checkpoint, tmp_path, task, data_dir, feature_based):
+    """--micro-batch-size runs a batch in slices and gets its gradient and loss: slices weigh by
+    their share of the loss terms (labelled tokens for NER, where slices hold unequal counts)."""
+    from repo_paths import REPO
+
+    from launch.finetune.runner import finetuner_for
+
+    results = {}
+    for micro in (None, 3):
+        cfg = _cfg(tiny_checkpoint, tmp_path / str(micro), 0)
+        cfg.task, cfg.data_dir, cfg.micro_batch_size = task, str(REPO / data_dir), micro
+        cfg.feature_based, cfg.lstm_hidden, cfg.feature_cache = feature_based, 8, str(tmp_path / "cache")
+        ft = finetuner_for(cfg)
+        ft.prepare()
+        ft.model.eval()  # no dropout: the slices would draw other masks
+        batch = next(iter(ft.train_batches(torch.Generator().manual_seed(0))))
+        assert len(batch["input_ids"]) == 8
+        value = ft._backward(batch, 0, 0)
+        results[micro] = (value, torch.cat([p.grad.flatten() for p in ft.model.parameters() if p.grad is not None]))
+    if task == "conll2003":
+        terms = (batch["labels"] != -100).sum(1)
+        assert len({int(terms[i : i + 3].sum()) for i in (0, 3, 6)}) > 1  # the slices hold unequal token counts
+    assert results[3][0] == pytest.approx(results[None][0], rel=1e-5)
+    torch.testing.assert_close(results[3][1], results[None][1], rtol=1e-4, atol=1e-7)
+
+
+def test_micro_batch_size_below_one_is_refused():
+    with pytest.raises(ValueError, match="--micro-batch-size must be >= 1"):
+        FinetuneConfig(task="sst2", data_dir="d", checkpoint="c", out="o", micro_batch_size=0).validate()
+
+
 def _sst2_copy(tmp_path: Path, dev_rows: int, test_lines: list[str] | None = None) -> Path:
     src = (GLUE / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines(True)
     d = tmp_path / "SST-2"
