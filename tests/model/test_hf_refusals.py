@@ -37,6 +37,16 @@ def test_a_vocab_ending_in_blank_lines_still_loads(tiny_checkpoint, tmp_path):
     assert model.config.vocab_size == 30522
 
 
+@pytest.mark.parametrize("tokens", [30000, 30522 + 1])  # well under the 30522 rows; one more than them
+def test_a_vocab_that_is_not_the_checkpoints_is_refused_not_trimmed_to(tiny_checkpoint, tmp_path, tokens):
+    """Rows beyond vocab.txt are alignment padding only when fewer than 128: a vocabulary 522 tokens short
+    belongs to another model, and loading would have cut the embeddings to it without a word."""
+    ckpt = _copy(tiny_checkpoint, tmp_path / "ckpt")
+    (ckpt / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(tokens)), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"vocab.txt has {tokens} tokens but the checkpoint has 30522 embedding rows"):
+        load_pretrained(BertModel, ckpt)
+
+
 def _edit_config(ckpt: Path, **changes) -> None:
     config = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**config, **changes}))

@@ -95,3 +95,25 @@ def test_properties_on_random_documents():
                 # so how it looks says nothing about the label (a cut one meant "random", 83% of the time).
                 assert int(a[-1]) + 1 in starts and int(b[0]) in starts
     assert total > 50
+
+
+def test_no_sentence_is_lost_when_b_is_random():
+    # As the original: when B is drawn from another document, the sentences of the chunk after A go back
+    # and start the next instance. Sentences of 2 tokens fill the target of 8 exactly, so nothing is
+    # truncated: A of every instance, plus B where it is the true next, is then the whole document in order.
+    docs = [document(5, [2] * 15), document(100, [2] * 10)]
+    settings = InstanceSettings(seq_len=11, short_seq_prob=0.0, max_predictions=2, cls_id=CLS, sep_id=SEP)
+    random_b = 0
+    for seed in range(5):
+        made = create_instances_from_document(0, docs, ["a", "b"], settings, VOCAB, np.random.default_rng(seed))
+        text = []
+        for inst in made:
+            ids = inst.input_ids.copy()
+            ids[inst.masked_lm_positions] = inst.masked_lm_ids
+            (seps,) = np.nonzero(ids == SEP)
+            text += ids[1 : seps[0]].tolist()
+            if inst.next_sentence_label == 0:
+                text += ids[seps[0] + 1 : -1].tolist()
+            random_b += inst.next_sentence_label
+        assert text == np.concatenate(docs[0]).tolist()
+    assert random_b > 5

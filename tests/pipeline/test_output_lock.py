@@ -162,3 +162,30 @@ def test_our_own_pid_from_before_a_restart_is_not_taken_for_ours(tmp_path, caplo
     with caplog.at_level("WARNING"), OutputLock(out, "pretrain") as lock:
         assert lock._owned and json.loads((out / LOCK_NAME).read_text())["pid_start"] != "1"
     assert "another process now" in caplog.text and not (out / LOCK_NAME).exists()
+
+
+def test_release_leaves_a_lock_taken_over_by_another_process(tmp_path):
+    """Judged stale (e.g. a long pause) and taken over meanwhile: the lock file is the new holder's, and a
+    release that removed it would let a third process write beside that holder."""
+    out = tmp_path / "out"
+    lock = OutputLock(out, "corpus").acquire()
+    other = {"pid": os.getppid(), "host": socket.gethostname(), "command": "pretrain", "argv": [],
+             "since": "now", "heartbeat_s": 15, "pid_start": None}
+    (out / LOCK_NAME).write_text(json.dumps(other))
+    lock.release()
+    assert json.loads((out / LOCK_NAME).read_text()) == other
+
+
+def test_another_hosts_pid_is_not_looked_up_here(tmp_path):
+    """A pid from another host that names no process here proves nothing: without a heartbeat to watch,
+    the lock is refused, not taken over as a dead local holder's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with pytest.raises(ProcessLookupError):
+        os.kill(dead.pid, 0)
+    out = tmp_path / "out"
+    _write_lock(out, dead.pid, host="some-other-node")
+    written = (out / LOCK_NAME).read_text()
+    with pytest.raises(OutputLocked, match=f"pid {dead.pid} on some-other-node.*delete {out / LOCK_NAME}"):
+        OutputLock(out, "corpus").acquire()
+    assert (out / LOCK_NAME).read_text() == written

@@ -116,6 +116,50 @@ def test_the_training_split_is_never_empty_whatever_the_hash(data_dir):
         assert_that(p | beam.Create(docs) | CreateInstances(split, InstanceSettings(seq_len=32), vocab), check)
 
 
+def test_a_corpus_of_ten_or_more_documents_always_has_a_heldout_split(data_dir):
+    # At fraction 0.01 a small corpus usually hashes no document below it, and the trainer needs a heldout
+    # set (of two documents: alone in its bucket, a document's random B is its own). From 10 documents on,
+    # the 2 lowest-scoring are heldout whatever the fraction; below 10 that would take too much training text.
+    from pipeline.nsp import heldout_score
+
+    vocab = MaskingVocab.from_vocab_file(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    docs = _synthetic_docs(12)
+    seed = next(s for s in range(1000) if all(heldout_score(s, d.doc_id) >= 0.01 for d in docs))
+    split = SplitSettings(seed=seed, heldout_fraction=0.01, docs_per_bucket=8, dupe_factor=1)
+    lowest = sorted((d.doc_id for d in docs), key=lambda d: heldout_score(seed, d))[:2]
+
+    def splits_are(heldout, all_docs):
+        def check(elements):
+            splits = {(name, batch.doc_ids[row]) for name, batch in elements for row in range(len(batch))}
+            assert {d for name, d in splits if name == "heldout"} == set(heldout)
+            assert {d for name, d in splits if name == "train"} == {d.doc_id for d in all_docs} - set(heldout)
+        return check
+
+    with pipeline() as p:
+        twelve = p | "Twelve" >> beam.Create(docs) | "Split12" >> CreateInstances(split, InstanceSettings(seq_len=32), vocab)
+        assert_that(twelve, splits_are(lowest, docs), label="Check12")
+        nine = p | "Nine" >> beam.Create(docs[:9]) | "Split9" >> CreateInstances(split, InstanceSettings(seq_len=32), vocab)
+        assert_that(nine, splits_are([], docs[:9]), label="Check9")
+
+
+def test_a_buckets_output_does_not_depend_on_arrival_order(data_dir):
+    """The runner delivers a bucket's documents in any order; random B segments are drawn by index into them."""
+    from pipeline.nsp import _BucketInstancesFn
+
+    vocab = MaskingVocab.from_vocab_file(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    a, b, c = _synthetic_docs(3)
+    fn = _BucketInstancesFn(SplitSettings(seed=3, heldout_fraction=0.0, docs_per_bucket=8, dupe_factor=2),
+                            InstanceSettings(seq_len=32, short_seq_prob=0.0), vocab)
+    fn.setup()
+
+    def run(docs):
+        batch = InstanceBatch.concat([b for _, b in fn.process((("train", 0), docs))]).sorted_by_key()
+        return [(batch.doc_ids[r], batch.instance(r).input_ids.tolist(), batch.instance(r).masked_lm_positions.tolist())
+                for r in range(len(batch))]
+
+    assert run([a, b, c]) == run([c, a, b]) == run([b, c, a])
+
+
 def _instance(doc: str, n: int) -> Instance:
     return Instance(doc, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int8), np.array([1], dtype=np.int32),
                     np.array([7], dtype=np.int32), n % 2)

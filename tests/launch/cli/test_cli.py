@@ -17,6 +17,13 @@ def test_top_level_help_lists_every_command(capsys):
         assert name in out
 
 
+def test_no_command_prints_the_commands_and_fails(capsys):
+    # A script that lost its argument must not pass as a run that did its work.
+    assert cli.main([]) == 2
+    out = capsys.readouterr().out
+    assert all(name in out for name in cli.COMMANDS)
+
+
 def test_unknown_command_is_a_clear_error(capsys):
     assert cli.main(["pretrian"]) == 2
     assert "unknown command 'pretrian'" in capsys.readouterr().err

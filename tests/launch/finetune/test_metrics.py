@@ -17,6 +17,8 @@ def test_classification_binary_and_mcc():
     # tp=3 fp=1 fn=1 -> P=R=F1=0.75; MCC = (tp*tn - fp*fn)/sqrt(...) = (9-1)/16 = 0.5
     assert m["f1"] == pytest.approx(0.75)
     assert m["matthews_correlation"] == pytest.approx(0.5)
+    # Every binary task reports MCC beside its own metric (SST-2's accuracy here), not only CoLA.
+    assert metrics.classification_metrics(gold, pred, num_labels=2)["matthews_correlation"] == pytest.approx(0.5)
 
 
 def test_classification_multiclass_macro_micro_and_confusion():
@@ -40,6 +42,7 @@ def test_regression_correlations():
     assert m["spearmanr"] == pytest.approx(1.0)
     assert m["pearson"] == pytest.approx(float(np.corrcoef(y, p)[0, 1]))
     assert metrics.regression_metrics(y, [2.0] * 5)["pearson"] == 0.0  # constant predictions: defined as 0
+    assert metrics.regression_metrics([2, 2, 2], [1, 2, 3])["spearmanr"] == 0.0  # constant labels too
     # Constant whatever the rounding of their mean (np.std([0.1] * 3) is 1.4e-17): 0, not scipy's NaN.
     assert metrics.regression_metrics([1, 2, 3], [0.1] * 3) == {"pearson": 0.0, "spearmanr": 0.0,
                                                                  "mse": pytest.approx(4.2766666)}

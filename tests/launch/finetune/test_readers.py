@@ -139,6 +139,14 @@ def test_malformed_line_reports_file_and_line():
     assert [ex.text_a for ex in kept] == ["a gripping , funny film .", "a dull , lifeless mess .", "an utterly charming comedy ."]
 
 
+def test_a_malformed_test_line_is_refused_even_when_skipping(tmp_path):
+    # The GLUE server takes a submission only with a prediction for every test line: one skipped line
+    # would shift every later prediction's index.
+    (tmp_path / "test.tsv").write_text("index\tsentence\n0\tfine .\n1\tbad\textra\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"test.tsv: 1 malformed line\(s\), e.g. .*the GLUE server takes"):
+        glue.read_split(glue.GLUE_TASKS["sst2"], tmp_path, "test.tsv", skip_malformed=True)
+
+
 def test_unknown_label_and_missing_split():
     with pytest.raises(DataError, match=r"RTE/train.tsv:3: unknown label 'maybe'"):
         load("rte", FIXTURES / "broken" / "rte_unknown_label")

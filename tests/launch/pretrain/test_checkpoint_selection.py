@@ -78,6 +78,15 @@ def test_a_latest_that_is_not_text_or_names_a_deleted_folder_is_only_a_hint(ckpt
         in caplog.text and "newer" not in caplog.text
 
 
+def test_a_latest_behind_a_newer_complete_checkpoint_is_normal_not_damage(ckpt_dir, caplog):
+    # A run stopped between saving step 6 and moving `latest`: step 6 is used, said as the ordinary case.
+    (ckpt_dir / "latest").write_text("global_step4\n")
+    with caplog.at_level(logging.INFO):
+        assert select_checkpoint(ckpt_dir) == "global_step6"
+    assert "names global_step4; global_step6 is newer and complete: using it" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_metadata_that_does_not_parse_names_its_file(ckpt_dir):
     meta = ckpt_dir / "global_step6" / META
     meta.write_text('{"step": 6, "fi')

@@ -217,7 +217,11 @@ def test_resume_names_the_model_field_that_differs_allows_how_the_model_runs_and
     out = stopped_after(run, tmp_path / "run", saved=6, logged=6)
     for extra, message in [(["--model.fields", "hidden_dropout_prob=0.0"],
                             "model.fields.hidden_dropout_prob differs from the checkpoint's (None there, 0.0 now)"),
-                           (["--max-steps", "4"], "the run is at step 6 already; --max-steps 4 is behind it")]:
+                           (["--max-steps", "4"], "the run is at step 6 already; --max-steps 4 is behind it"),
+                           # What orders and draws the samples: changed, the resumed run would see others.
+                           (["--data.seed", "7"], "data.seed differs from the checkpoint's"),
+                           (["--data.global-batch-size", "16"], "data.global_batch_size differs from the checkpoint's"),
+                           (["--optim.name", "adamw"], "optim.name differs from the checkpoint's ('lamb' there")]:
         done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "1", *TRAIN, *extra, "--resume")
         assert done.returncode == 2 and message in done.stderr, done.stderr[-3000:]
     assert "total_steps: 8" in (out / "config.yaml").read_text()
