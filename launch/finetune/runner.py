@@ -255,12 +255,12 @@ class Finetuner:
                 continue  # no loss term in this slice (no labelled token): nothing to add
             loss = self.batch_loss(part)
             loss = loss if share is None else loss * share
-            if not math.isfinite(loss.item()):
+            if not math.isfinite(seen := loss.item()):
                 # A ValueError: the CLI says it in one line and a sweep records the trial as failed, not crashed.
-                raise ValueError(f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}: training "
+                raise ValueError(f"the loss became {seen} at epoch {epoch + 1}, step {step + 1}: training "
                                  "diverged; lower the learning rate (--lr) or keep --max-grad-norm")
             loss.backward()
-            value += loss.item()
+            value += seen
         return value
 
     def peak_lr(self) -> float:
