@@ -275,6 +275,14 @@ def test_micro_batches_accumulate_the_whole_batch_gradient(tiny_checkpoint, tmp_
     torch.testing.assert_close(results[3][1], results[None][1], rtol=1e-4, atol=1e-7)
 
 
+def test_a_diverged_run_stops_naming_the_step_and_what_to_change(tiny_checkpoint, tmp_path):
+    # A ValueError, which the CLI prints in one line and a sweep records as a failed trial.
+    cfg = _cfg(tiny_checkpoint, tmp_path / "o", 0)
+    cfg.lr, cfg.warmup = 1e30, 0.0
+    with pytest.raises(ValueError, match=r"the loss became (nan|inf) at epoch 1, step [2-4]: training diverged; lower"):
+        Finetuner(cfg).run()
+
+
 def test_micro_batch_size_below_one_is_refused():
     with pytest.raises(ValueError, match="--micro-batch-size must be >= 1"):
         FinetuneConfig(task="sst2", data_dir="d", checkpoint="c", out="o", micro_batch_size=0).validate()
