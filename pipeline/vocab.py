@@ -142,4 +142,6 @@ def declared_lowercase(model_dir: str | Path) -> bool | None:
         value = json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case")
     except (ValueError, AttributeError) as err:  # JSONDecodeError, UnicodeDecodeError, a JSON list
         raise ValueError(f"{cfg} is not a JSON object ({err}); fix or delete it") from None
-    return value if isinstance(value, bool) else None
+    if value is not None and not isinstance(value, bool):  # "false" is a truthy string: say so, never guess
+        raise ValueError(f"{cfg}: do_lower_case is {value!r}, not true or false; write it as a JSON boolean")
+    return value

@@ -35,6 +35,17 @@ def test_tokenizer_config_overrides_the_rule_and_an_argument_overrides_both(tmp_
         Vocab.read(tmp_path)
 
 
+def test_a_do_lower_case_that_is_not_a_boolean_is_refused_naming_the_file(tmp_path):
+    # A hand-written "false" is a string, and truthy: read either way it could case a cased model's text.
+    from pipeline.vocab import declared_lowercase
+
+    (tmp_path / "vocab.txt").write_bytes(VOCAB.read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": "false"}))
+    for read in (declared_lowercase, Vocab.read):
+        with pytest.raises(ValueError, match=r"tokenizer_config.json: do_lower_case is 'false', not true or false"):
+            read(tmp_path)
+
+
 def test_tokenizer_lowercases_and_strips_accents_exactly_for_uncased():
     tokens = [*SPECIAL_TOKENS, "cafe", "Café", "café", "hello", "Hello"]
     uncased = build_tokenizer(tokens, lowercase=True)
