@@ -52,6 +52,17 @@ def test_wrong_types_are_refused(override, message):
         load_config(Run, None, [override])
 
 
+def test_an_integral_float_is_an_integer_a_fraction_is_not():
+    # A YAML `epochs: 3.0` or a JSON number from another tool is the integer 3, kept as an int; 2.5 is refused.
+    cfg = from_dict(Run, {"seed": 3.0})
+    assert cfg.seed == 3 and type(cfg.seed) is int
+    with pytest.raises(ValueError, match="seed: expected an integer, got 2.5"):
+        from_dict(Run, {"seed": 2.5})
+    from launch.finetune.finetune_config import FinetuneConfig
+
+    assert from_dict(FinetuneConfig, {"task": "sst2", "epochs": 3.0}).epochs == 3
+
+
 def test_malformed_override():
     with pytest.raises(ValueError, match="not of the form key.sub=value"):
         parse_overrides(["optim.lr"])

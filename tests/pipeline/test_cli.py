@@ -207,10 +207,13 @@ def test_config_file_overrides_and_flags_layer(tmp_path, data_dir):
     )
     out = tmp_path / "out"
     assert cli.main(["corpus", "--config", str(config), "dupe_factor=1", "max_predictions=5",
-                     "--seed", "7", "--out", str(out)]) == 0
-    settings = json.loads((out / "manifest.json").read_text())["config"]
+                     "--seed", "7", "--whole-word-mask", "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    settings = manifest["config"]
     assert (settings["seq_len"], settings["dupe_factor"], settings["max_predictions"], settings["seed"]) == (64, 1, 5, 7)
     assert settings["short_seq_prob"] == 0.1  # untouched default
+    # The loader's dynamic masking reads whole_word_mask from the top level: it must say how this corpus was built.
+    assert manifest["whole_word_mask"] is True and settings["whole_word_mask"] is True
 
 
 def test_config_typos_are_refused_before_work(tmp_path, capsys):

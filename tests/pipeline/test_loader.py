@@ -224,6 +224,14 @@ def test_heldout_batches_split_evenly_across_ranks(corpus):
     assert len(seen[0]) == len(seen[1]) == 4 and not set(seen[0]) & set(seen[1])
 
 
+def test_heldout_batches_stop_at_max_samples(corpus):
+    # log.eval_samples bounds the held-out pass: the first max_samples instances in corpus order, not all 9.
+    split = ShardedSplit(corpus, "heldout")
+    ids = [k for b in heldout_batches(split, max_samples=4, micro_batch_size=2, rank=0, world_size=1)
+           for k in b["sample_index"].tolist()]
+    assert ids == [0, 1, 2, 3]
+
+
 def test_bad_corpora_are_refused_with_a_fix(tmp_path, corpus):
     with pytest.raises(ValueError, match="no manifest.json"):
         ShardedSplit(tmp_path)

@@ -88,6 +88,21 @@ def test_redirects_namespaces_and_malformed_pages_are_counted():
     }
 
 
+def test_the_beam_reader_counts_redirects_but_dead_letters_only_real_problems(tmp_path):
+    # A dump is half redirects: dead-lettering them would bury the malformed pages among millions of rows.
+    import apache_beam as beam
+
+    from pipeline.sources import DEAD_LETTER, _ReadFileFn
+
+    path = tmp_path / "w.xml"
+    path.write_bytes(wiki(page(1, "#REDIRECT [[Foo]]", redirect=True), page(2, PROSE), page(3, PROSE, ns=10),
+                          page(4, "{{stub}}")))
+    out = list(_ReadFileFn("auto", MAX).process(str(path)))
+    dead = [o for o in out if isinstance(o, beam.pvalue.TaggedOutput)]
+    assert [d.tag for d in dead] == [DEAD_LETTER] and [d.value.reason for d in dead] == ["empty_document"]
+    assert [o.doc_id for o in out if isinstance(o, RawDocument)] == ["w.xml#2"]
+
+
 def test_multistream_bz2_and_gzip_read_fully():
     pages = [page(i, PROSE) for i in range(1, 7)]
     # Wikipedia's multistream dumps: one bz2 stream per block of pages, concatenated.
@@ -161,7 +176,8 @@ def test_xz_reads_fully_and_other_archives_are_named_not_called_binary():
     assert [d.doc_id for d in docs] == [f"f.txt#{i}" for i in range(1, 7)] and not skips
     docs, skips, _ = read(multi[:-40])
     assert [s.reason for s in skips] == ["corrupt_compression"]
-    for magic, name in ((b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"), (b"7z\xbc\xaf\x27\x1c", "7z")):
+    for magic, name in ((b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"), (b"7z\xbc\xaf\x27\x1c", "7z"),
+                        (b"\x04\x22\x4d\x18", "lz4")):
         _, skips, _ = read(magic + bytes(range(256)) * 8)
         assert [(s.reason, s.detail.split(":")[0]) for s in skips] == [("unsupported_compression", name)]
 
@@ -238,6 +254,18 @@ def test_book_paragraphs_and_gutenberg_header(data_dir):
     assert docs[0].segments == [PROSE]
 
 
+def test_gutenberg_markers_of_both_eras_and_any_case_cut_the_licence():
+    # Older books say "START OF THIS PROJECT GUTENBERG EBOOK"; the licence preamble before it is not the book.
+    this = (b"Header licence blah, not part of the book.\n\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n\n"
+            + PROSE.encode() + b"\n\n*** END OF THIS PROJECT GUTENBERG EBOOK X ***\n\nLicence text.")
+    docs, _, _ = read(this, fmt="text")
+    assert docs[0].segments == [PROSE]
+    # Some footers are in mixed case ("End of the Project Gutenberg EBook"): the licence after it still goes.
+    mixed = PROSE.encode() + b"\n\n*** End of the Project Gutenberg EBook of X ***\n\nLicence text."
+    docs, _, _ = read(mixed, fmt="text")
+    assert docs[0].segments == [PROSE]
+
+
 def test_expand_inputs_directory_recursive(tmp_path, data_dir):
     (tmp_path / "wiki").mkdir()
     (tmp_path / "wiki" / "part1.bz2").write_bytes(b"x")
@@ -258,6 +286,21 @@ def test_expand_inputs_directory_recursive(tmp_path, data_dir):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no input files"):
         expand_inputs([str(tmp_path / "empty")])
+
+
+def test_a_checksum_list_in_a_folder_is_not_read_as_text(tmp_path):
+    # `sha256sum * > sha256sums.txt` next to the books: its hex lines would become "sentences".
+    (tmp_path / "a.txt").write_text(PROSE)
+    (tmp_path / "sha256sums.txt").write_text("0" * 64 + "  a.txt\n")
+    assert expand_inputs([str(tmp_path)]) == [str(tmp_path / "a.txt")]
+
+
+def test_an_unreadable_input_is_refused_before_the_job_starts(tmp_path, monkeypatch):
+    # The tests run as root, who can read a chmod 000 file: os.access stands in for a file the user cannot read.
+    (tmp_path / "a.txt").write_text(PROSE)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(ValueError, match="is not readable"):
+        expand_inputs([str(tmp_path / "a.txt")])
 
 
 def test_a_directory_walk_skips_what_bertpipe_wrote_and_what_is_not_a_file_and_follows_links(tmp_path, caplog):

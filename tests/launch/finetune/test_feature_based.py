@@ -170,6 +170,34 @@ def test_cache_folder_depends_on_what_the_activations_depend_on():
     assert len({key.digest} | {replace(key, **{k: v}).digest for k, v in other.items()}) == 1 + len(other)
 
 
+def test_data_digest_sees_the_segment_ids():
+    # The encoder reads token_type_ids too: a pair split at another [SEP] gives other activations.
+    from types import SimpleNamespace as F
+
+    from launch.finetune.feature_cache import data_digest
+
+    ids = [2, 5, 6, 3, 7, 3]
+    a = data_digest([F(input_ids=ids, token_type_ids=[0, 0, 0, 0, 1, 1])])
+    assert a == data_digest([F(input_ids=ids, token_type_ids=[0, 0, 0, 0, 1, 1])])
+    assert a != data_digest([F(input_ids=ids, token_type_ids=[0, 0, 0, 1, 1, 1])])
+
+
+def test_checkpoint_digest_sees_weights_rewritten_in_place_in_the_same_process(tmp_path):
+    # The digest is memoised per process: keyed by path alone, a sweep worker that saw the old weights
+    # would read their cached activations for the new ones.
+    import os
+
+    from launch.finetune.feature_cache import checkpoint_digest
+
+    (tmp_path / "config.json").write_text("{}")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"one")
+    first = checkpoint_digest(tmp_path)
+    weights.write_bytes(b"two!")
+    os.utime(weights, ns=(0, weights.stat().st_mtime_ns + 10**9))
+    assert checkpoint_digest(tmp_path) != first
+
+
 def test_a_regression_head_on_frozen_features_trains_on_the_float_scores(tiny_checkpoint, tmp_path):
     # The feature-based batches were collated as class ids: 3.8 became 3, and the head learnt floor(score)
     from launch.finetune.feature_based import FeatureBased

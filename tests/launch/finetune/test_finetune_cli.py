@@ -295,13 +295,16 @@ def test_a_fine_tuned_head_keeps_the_meaning_of_its_labels(tiny_checkpoint, tmp_
 
     rte = tmp_path / "rte"
     finetune("rte", GLUE, tiny_checkpoint, rte)
-    saved = load_file(rte / "model" / "model.safetensors")["classifier.weight"]
+    tensors = load_file(rte / "model" / "model.safetensors")
+    saved, saved_bias = tensors["classifier.weight"], tensors["classifier.bias"]
+    biases = {}
 
     def head(task: str, ckpt: Path) -> torch.Tensor:
         cfg = FinetuneConfig(task=task, data_dir=str(GLUE), checkpoint=str(ckpt), out=str(tmp_path / f"o-{ckpt.name}"),
                              max_train_samples=8, max_eval_samples=8, progress=False, tensorboard=False)
         run = Finetuner(cfg)
         run.prepare()
+        biases[ckpt.name] = run.model.classifier.bias.detach()
         return run.model.classifier.weight.detach()
 
     assert torch.equal(head("rte", rte / "model"), saved)  # its own labels: kept as trained
@@ -315,3 +318,5 @@ def test_a_fine_tuned_head_keeps_the_meaning_of_its_labels(tiny_checkpoint, tmp_
     config["id2label"] = {"0": "not_entailment", "1": "entailment"}
     (swapped / "config.json").write_text(json.dumps(config))
     assert torch.equal(head("rte", swapped), saved.flip(0))  # rows follow the names
+    # The bias is part of each row: left in place, the swapped head favours the class the other one did.
+    assert not torch.equal(saved_bias, saved_bias.flip(0)) and torch.equal(biases["swapped"], saved_bias.flip(0))

@@ -95,6 +95,13 @@ def test_summary_picks_best_mean_over_seeds_and_lays_out_the_paper_table():
     assert lines[4] == "| best config | lr 3e-05, bs 32, ep 3 | - | lr 2e-05, bs 32, ep 3 | |"
 
 
+def test_squad_scores_are_already_percentages_and_are_not_scaled_again():
+    # SQuAD's evaluate() reports F1 on 0..100, the GLUE tasks a fraction: x100 again read 8850.0.
+    trials = [{"point": {"task": "squad", "lr": 5e-5, "batch_size": 32, "epochs": 2, "seed": seed, "index": 0},
+               "metrics": {"score": score}, "error": None} for seed, score in ((1, 88.0), (2, 89.0))]
+    assert markdown_table({"m": summarize(trials)}).splitlines()[3] == "| m | 88.5 ±0.5 | 88.5 |"
+
+
 def test_a_swept_init_gives_each_init_its_own_row_and_best_config():
     """The demo sweeps init: [checkpoint, random]. The table showed only the better of the two (random init),
     so the pre-trained model's result was nowhere in results.md; each init is now a row of its own."""

@@ -203,6 +203,17 @@ def test_inputs_fingerprint_sees_a_checkpoint_rewritten_in_place(tiny_checkpoint
     assert inputs_fingerprint(ckpt, GLUE / "SST-2") != before
 
 
+def test_inputs_fingerprint_sees_a_file_renamed(tiny_checkpoint, tmp_path):
+    # Same bytes, same size, same mtime under another name: dev.tsv gone, so a trial scored on it must rerun.
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("a\t1\n")
+    (data / "dev.tsv").write_text("b\t0\n")  # the same size as train.tsv
+    before = inputs_fingerprint(tiny_checkpoint, data)
+    os.rename(data / "dev.tsv", data / "test.tsv")  # keeps the mtime; still sorts before train.tsv
+    assert inputs_fingerprint(tiny_checkpoint, data) != before
+
+
 def test_inputs_fingerprint_sees_data_behind_a_linked_folder(tiny_checkpoint, tmp_path):
     # rglob did not enter data/SST-2 -> elsewhere: an edit there kept stale trials on --resume
     real = Path(shutil.copytree(GLUE / "SST-2", tmp_path / "real" / "SST-2"))

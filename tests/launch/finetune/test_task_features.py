@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from launch.finetune import squad
-from launch.finetune.examples import ChoiceExample, DataError, TaggedExample, TextExample, in_documents
+from launch.finetune.examples import ChoiceExample, DataError, QAExample, TaggedExample, TextExample, in_documents
 from launch.finetune.encoding import IGNORE, choice_features, collate, tag_features, text_features
 
 from repo_paths import DATA
@@ -45,6 +45,16 @@ def test_ner_labels_first_subtoken_and_chunks(tokenizer):
     chunks = tag_features([ex], tokenizer, max_seq_len=6, label_ids=ids)
     assert [c.word_index for c in chunks] == [[0, 1], [2]]
     assert all(len(c.input_ids) <= 6 for c in chunks)
+
+
+def test_ner_a_word_longer_than_the_window_keeps_its_first_pieces(tokenizer):
+    # One word of more word pieces than the window holds (a URL, a chemical name) must not overflow it:
+    # a feature longer than --max-seq-len fails on the position embeddings.
+    ex = TaggedExample("1", ("Hi", "antidisestablishmentarianism", "there"), ("O", "B-MISC", "O"))
+    assert len(tokenizer.encode("antidisestablishmentarianism", add_special_tokens=False).ids) > 3
+    feats = tag_features([ex], tokenizer, max_seq_len=5, label_ids={"O": 0, "B-MISC": 1})
+    assert all(len(f.input_ids) <= 5 for f in feats), [len(f.input_ids) for f in feats]
+    assert [f.word_index for f in feats] == [[0], [1], [2]]  # every word still predicted
 
 
 def test_ner_document_context_is_unlabelled(tokenizer):
@@ -117,6 +127,17 @@ def test_squad_windows_cover_the_context_with_stride(tokenizer):
                 assert off not in owners
                 owners[off] = True
     assert len(owners) == len(tokenizer.encode(examples[0].context, add_special_tokens=False).ids)
+
+
+def test_squad_question_is_cut_to_max_query_length(tokenizer):
+    # A long question takes at most --max-query-length tokens, leaving the rest of the window to the context.
+    question = "what is the name of the very long question that goes on and on here"
+    assert len(tokenizer.encode(question, add_special_tokens=False).ids) > 4
+    ex = QAExample("q1", question, "The fox is red. " * 20, ({"text": "fox", "answer_start": 4},))
+    feats, _ = squad.build_features([ex], tokenizer, max_seq_len=64, doc_stride=16, max_query_length=4, training=True)
+    sep = tokenizer.token_to_id("[SEP]")
+    for f in feats:
+        assert tokenizer.decode(f.input_ids[1:f.input_ids.index(sep)]) == "what is the name"
 
 
 def test_squad_decoding_recovers_gold_answers_from_oracle_logits(tokenizer):

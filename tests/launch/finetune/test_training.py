@@ -106,6 +106,18 @@ def test_same_seed_same_run_other_seed_other_run(tiny_checkpoint, tmp_path):
     assert json.loads((tmp_path / "a" / "metrics.json").read_text())["train_loss"] == a["train_loss"]
 
 
+def test_max_train_samples_takes_the_same_examples_for_every_seed(tiny_checkpoint, tmp_path):
+    # A seed sweep on a --max-train-samples subset compares seeds on one data set, not on a different draw each.
+    from dataclasses import replace
+
+    trains = []
+    for seed in (1, 2):
+        ft = Finetuner(replace(_cfg(tiny_checkpoint, tmp_path / f"s{seed}", seed), max_train_samples=16))
+        ft.prepare()
+        trains.append(ft.data.train)
+    assert len(trains[0]) == 16 and trains[0] == trains[1]
+
+
 def test_init_random_keeps_architecture_and_vocab_but_not_the_weights(tiny_checkpoint, tmp_path):
     from dataclasses import replace
 

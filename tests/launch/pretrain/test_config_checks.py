@@ -81,6 +81,13 @@ def test_schedule_warms_up_then_decays_to_zero():
     assert lr_multiplier(50, poly) == pytest.approx(0.5**0.5)
 
 
+def test_schedule_decays_to_min_lr_ratio_not_to_zero():
+    # schedule.min_lr_ratio is the floor of the decay: the same line, lifted, ending at the ratio.
+    s = load_config(PretrainConfig, "tiny", ["schedule.total_steps=100", "schedule.warmup_steps=0",
+                                             "schedule.min_lr_ratio=0.1"]).schedule
+    assert lr_multiplier(100, s) == pytest.approx(0.1) and lr_multiplier(50, s) == pytest.approx(0.55)
+
+
 def test_the_bert_presets_decay_over_the_whole_run_as_the_reference_does():
     # NVIDIA's PolyWarmUpScheduler: lr * (1 - step/total)^0.5 after warm-up, so the lr steps down
     # when warm-up ends; decaying from the peak over the rest gave phase 1 13.5% more lr in total.

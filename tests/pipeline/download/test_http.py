@@ -198,6 +198,26 @@ def test_404_and_retried_503(mirror, tmp_path: Path) -> None:
     assert [r.status for r in mirror.requests_for(PATH)] == [503, 503, 200]
 
 
+def test_too_many_requests_is_retried_without_a_retry_after_header() -> None:
+    # Rate limiters answer parallel downloads with 429, often with no Retry-After (urllib3 retries a 429
+    # only when it has one): a wait and another try, not a failed file. The test mirror always sends one.
+    retry = RetryPolicy().retry()
+    assert retry.is_retry("GET", 429, has_retry_after=False) and retry.is_retry("GET", 503, has_retry_after=False)
+    assert not retry.is_retry("GET", 404, has_retry_after=False)
+
+
+def test_a_retry_after_header_sets_the_wait(monkeypatch) -> None:
+    # A mirror that says how long to back off is believed, not hammered after the 0.01 s backoff.
+    from urllib3 import HTTPResponse
+    from urllib3.util.retry import RequestHistory
+
+    retry = RetryPolicy(backoff_s=0.01).retry().new(history=(RequestHistory("GET", "u", None, 429, None),))
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    retry.sleep(HTTPResponse(body=b"", headers={"Retry-After": "7"}, status=429))
+    assert slept == [7.0]
+
+
 def test_redirects_do_not_spend_the_retry_budget(mirror, tmp_path: Path) -> None:
     # urllib3 counts a redirect against the retry total: with --retries 0 a redirecting mirror failed.
     mirror.redirects.update({"/mirror/a.bz2": "/mirror/b.bz2", "/mirror/b.bz2": PATH})
@@ -239,6 +259,8 @@ def test_parse_checksum_list() -> None:
     assert parse_checksum_list(f"{sha1}  enwiki-1.bz2\n\n{sha1.upper()} *b.bz2\n", "sha1") == {"enwiki-1.bz2": sha1, "b.bz2": sha1}
     with pytest.raises(ValueError, match="line 1"):
         parse_checksum_list("d41d8cd98f00b204e9800998ecf8427e  x\n", "sha1")
+    # A comment heading the list (as some mirrors write) is not a malformed line.
+    assert parse_checksum_list(f"# sha1 of the dump\n  # indented\n{sha1}  x.bz2\n", "sha1") == {"x.bz2": sha1}
 
 
 def test_a_part_file_started_from_another_url_is_not_resumed(mirror, tmp_path: Path) -> None:
