@@ -22,11 +22,14 @@ def test_namespaces_and_images(rendered) -> None:
     assert all("namespace" not in o["metadata"] for o in rendered["k8s/base"])
     for root, namespace in (("k8s/overlays/dev", "bertpipe-dev"), ("k8s/overlays/multinode", "bertpipe")):
         assert {o["metadata"].get("namespace") for o in rendered[root]} == {namespace}
-    for root, objects in rendered.items():
-        text = repr(objects)
-        # The placeholder image names never reach a cluster: kustomize's image transformer replaced
-        # them everywhere, custom resources' own image fields included (kustomizeconfig.yaml).
+    for root, registry in (("k8s/overlays/dev", "localhost:5000/bertpipe:dev"),
+                           ("k8s/overlays/multinode", "ghcr.io/example/bertpipe:0.1.0")):
+        text = repr(rendered[root])
+        # The placeholder image names never reach a cluster: the overlay's `images:` replaced them
+        # everywhere, custom resources' own image fields included (kustomizeconfig.yaml). An `images:`
+        # in the base renamed them first, and the overlays' entries matched nothing.
         assert "'bertpipe-cuda'" not in text and "'bertpipe-cpu'" not in text, root
+        assert f"'{registry}-cuda'" in text and f"'{registry}-cpu'" in text, root
 
 
 def test_dev_overlay_is_one_gpu_everywhere(rendered, find_object) -> None:
@@ -37,8 +40,12 @@ def test_dev_overlay_is_one_gpu_everywhere(rendered, find_object) -> None:
     assert "bert-base" in trainjob["command"] and "--resume" in trainjob["command"]
     runtime = find_object(dev, "TrainingRuntime", "bertpipe-deepspeed")["spec"]
     assert runtime["mlPolicy"]["numNodes"] == 1
-    for job in runtime["template"]["spec"]["replicatedJobs"]:
-        assert _gpus(job["template"]["spec"]["template"]["spec"]["containers"][0]) == 1
+    # Trainer starts max(numNodes - 1, 1) node pods beside a launcher that runs as a node: with a node
+    # job kept, dev ran two GPU pods at world size 2. The launcher alone is the one host.
+    jobs = runtime["template"]["spec"]["replicatedJobs"]
+    assert [j["name"] for j in jobs] == ["launcher"] and "dependsOn" not in jobs[0]
+    assert runtime["mlPolicy"]["mpi"]["runLauncherAsNode"] is True
+    assert _gpus(jobs[0]["template"]["spec"]["template"]["spec"]["containers"][0]) == 1
     pytorch = find_object(dev, "PyTorchJob", "bertpipe-pretrain-torchrun")["spec"]
     assert set(pytorch["pytorchReplicaSpecs"]) == {"Master"} and pytorch["nprocPerNode"] == "1"
     jobset = find_object(dev, "JobSet", "bertpipe-pretrain-jobset")["spec"]["replicatedJobs"][0]["template"]["spec"]
@@ -65,6 +72,46 @@ def test_multinode_overlay_scales_every_launcher_to_64_gpus(rendered, find_objec
     driver = find_object(multi, "Job", "bertpipe-corpus-flink")["spec"]["template"]["spec"]["containers"][0]
     assert driver["command"][driver["command"].index("--num-shards") + 1] == "1024"
     assert find_object(multi, "FlinkDeployment", "bertpipe-flink")["spec"]["taskManager"]["replicas"] == 16
+
+
+def _command(obj: dict[str, Any]) -> list[str]:
+    return obj["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_each_overlays_data_flows_from_stage_to_stage(rendered, find_object) -> None:
+    """What one stage writes is what the next reads, whichever corpus runner builds it."""
+    for root in ("k8s/overlays/dev", "k8s/overlays/multinode"):
+        objects = rendered[root]
+        corpus_outs = {_flag(_command(find_object(objects, "Job", name)), "--out")
+                       for name in ("bertpipe-corpus", "bertpipe-corpus-flink")}
+        assert len(corpus_outs) == 1, (root, corpus_outs)  # the dev Flink job wrote /data/corpus/seq128
+        torchrun = find_object(objects, "PyTorchJob", "bertpipe-pretrain-torchrun")["spec"]["pytorchReplicaSpecs"]
+        assert _flag(torchrun["Master"]["template"]["spec"]["containers"][0]["command"], "--data") in corpus_outs
+        download = _command(find_object(objects, "Job", "bertpipe-download"))
+        assert _flag(download, "--out").startswith(_flag(_command(find_object(objects, "Job", "bertpipe-corpus")), "--input"))
+    # dev's volume and local-runner corpus Job hold Simple English Wikipedia, not the English dump.
+    assert _flag(_command(find_object(rendered["k8s/overlays/dev"], "Job", "bertpipe-download")), "--lang") == "simple"
+
+
+def test_flink_runs_at_its_slots_and_reads_back_what_was_staged(rendered, find_object) -> None:
+    for root in ("k8s/overlays/dev", "k8s/overlays/multinode"):
+        objects = rendered[root]
+        flink = find_object(objects, "FlinkDeployment", "bertpipe-flink")["spec"]
+        slots = flink["taskManager"]["replicas"] * int(flink["flinkConfiguration"]["taskmanager.numberOfTaskSlots"])
+        # Beam's Flink runner takes the job's --parallelism, never the cluster's parallelism.default (it ran at 1).
+        driver = _command(find_object(objects, "Job", "bertpipe-corpus-flink"))
+        assert f"--parallelism={slots}" in driver and flink["flinkConfiguration"]["parallelism.default"] == str(slots)
+        # The job server stages onto the volume the TaskManagers mount, not into its own /tmp.
+        server = find_object(objects, "Deployment", "bertpipe-beam-jobserver")["spec"]["template"]["spec"]
+        staging = next(a.split("=", 1)[1] for a in server["containers"][0]["args"] if a.startswith("--artifacts-dir="))
+        mounted = {m["mountPath"] for m in server["containers"][0]["volumeMounts"]}
+        taskmanager = flink["taskManager"]["podTemplate"]["spec"]["containers"][0]
+        assert any(staging.startswith(m + "/") for m in mounted) and "/data" in mounted
+        assert {m["mountPath"] for m in taskmanager["volumeMounts"]} >= mounted
 
 
 def test_every_gpu_pod_shares_the_volume_and_memory_backed_shm(rendered) -> None:
