@@ -186,3 +186,29 @@ def test_compiled_fast_paths_match_eager_and_keep_keys():
     g_a, g_b = _grads(eager), _grads(fused)
     for name in g_a:
         assert torch.allclose(g_a[name], g_b[name], atol=1e-5, rtol=1e-3), name
+
+
+@pytest.mark.parametrize("field, value", [
+    ("pad_token_id", 1000),  # one past the last id: an IndexError in the first embedding lookup
+    ("hidden_dropout_prob", 1.0),  # drops everything: a model that learns nothing, silently
+    ("attention_probs_dropout_prob", 1.0),
+    ("classifier_dropout", 1.0),
+    ("layer_norm_eps", 0.0),  # a division by zero on a constant row
+    ("pad_vocab_multiple", 0),  # a ZeroDivisionError sizing the vocabulary rows
+])
+def test_config_refuses_each_value_just_past_its_range(field, value):
+    with pytest.raises(ValueError, match=field):
+        BertConfig.preset("tiny", vocab_size=1000, **{field: value})
+    # ...while the edge just inside it builds.
+    inside = {"pad_token_id": 999, "layer_norm_eps": 1e-12, "pad_vocab_multiple": 1}.get(field, 0.0)
+    BertConfig.preset("tiny", vocab_size=1000, **{field: inside})
+
+
+@pytest.mark.parametrize("preset", ["tiny", "mini"])
+def test_num_parameters_counts_exactly_the_models_parameters(preset):
+    # The count a user quotes (and plans memory by): the encoder and pooler as built, the tied MLM decoder once.
+    config = BertConfig.preset(preset, vocab_size=1000, max_position_embeddings=64)
+    model = BertModel(config)
+    assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+    assert config.num_parameters(include_embeddings=False) == sum(
+        p.numel() for name, p in model.named_parameters() if not name.startswith("embeddings."))

@@ -88,6 +88,21 @@ def test_a_bert_decoder_is_refused_not_run_as_an_encoder(tiny_checkpoint, tmp_pa
         load_pretrained(BertModel, ckpt)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    # Each a BERT-shaped checkpoint this model would run with the wrong math and no error.
+    ("position_embedding_type", "relative_key", "position_embedding_type 'relative_key' is not supported"),
+    ("hidden_act", "relu", "hidden_act 'relu' is not supported"),
+    ("model_type", "roberta", "model_type is 'roberta'; only 'bert' checkpoints can be loaded"),
+    ("num_attention_heads", True, "num_attention_heads is True; it must be an integer"),  # JSON true is not 1 head
+])
+def test_a_variant_this_bert_does_not_implement_is_refused_naming_it(tiny_checkpoint, tmp_path, field, value, message):
+    ckpt = _copy(tiny_checkpoint, tmp_path / "ckpt")
+    _edit_config(ckpt, **{field: value})
+    with pytest.raises(ValueError, match="config.json") as err:
+        load_pretrained(BertModel, ckpt)
+    assert err.match(message)
+
+
 def test_a_sharded_index_whose_weight_map_is_not_a_mapping_is_refused(tiny_checkpoint, tmp_path):
     ckpt = _copy(tiny_checkpoint, tmp_path / "ckpt")
     (ckpt / "model.safetensors").rename(ckpt / "model-00001-of-00001.safetensors")

@@ -218,3 +218,15 @@ def test_an_untied_mlm_decoder_is_refused_for_pre_training_and_ignored_for_fine_
     _hf_tiny(tmp_path).save_pretrained(str(tmp_path))  # tied: loads with nothing left over
     _, report = load_pretrained(BertForPreTraining, tmp_path)
     assert not report.missing_keys and not report.unexpected_keys
+
+
+def test_head_label_counts_are_checked_where_each_head_needs_them():
+    # A one-label sequence head is regression (STS-B); a one-label tagger would argmax to that label on
+    # every token and score nothing, so it is refused when built, not after an epoch.
+    config = BertConfig.preset("tiny", vocab_size=100, max_position_embeddings=16)
+    assert BertForSequenceClassification(config, num_labels=1).classifier.out_features == 1
+    with pytest.raises(ValueError, match="num_labels must be >= 1"):
+        BertForSequenceClassification(config, num_labels=0)
+    assert BertForTokenClassification(config, num_labels=2).classifier.out_features == 2
+    with pytest.raises(ValueError, match="num_labels must be >= 2 for token classification, got 1"):
+        BertForTokenClassification(config, num_labels=1)

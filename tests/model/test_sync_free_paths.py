@@ -175,3 +175,12 @@ def test_an_empty_row_is_refused_not_pooled_from_its_neighbour():
         mask[empty] = 0
         with pytest.raises(ValueError, match=rf"attention_mask row\(s\) \[{empty}\] have no token"):
             Unpadded.from_mask(mask)
+
+
+def test_the_layout_built_from_the_mask_knows_the_longest_real_row():
+    # Varlen kernels size their work by max_seqlen: the padded length instead would waste it, a shorter
+    # one would cut sequences off. Read from the device here (no loader-made value to trust).
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    layout = Unpadded.from_mask(mask)
+    assert layout.max_seqlen == 3 and layout.cu_seqlens.tolist() == [0, 2, 5, 6]
+    assert Unpadded.precomputed(layout.indices, layout.cu_seqlens, 3, 3, 5).max_seqlen == 3

@@ -125,3 +125,22 @@ def test_a_shard_count_edited_in_the_manifest_is_refused_by_the_loader(corpus_co
     with pytest.raises(ValueError, match=rf"shard .*{first['path']} holds {rows} instances where .*manifest.json "
                                          rf"lists {rows + 42}; the manifest was edited"):
         ShardedSplit(corpus_copy, "train")
+
+
+def test_a_manifest_of_another_format_version_is_refused_not_read_as_this_one(corpus_copy):
+    # A corpus written by a later bertpipe (another layout of the same marker) must be rebuilt, not guessed at.
+    _edit_manifest(corpus_copy, format_version=2)
+    with pytest.raises(ValueError, match=r"is not a bertpipe corpus manifest \(format 'bertpipe-corpus', version 2; "
+                                         r"expected 'bertpipe-corpus' version 1\)"):
+        open_corpus(corpus_copy)
+
+
+def test_data_sha256_follows_what_the_shards_hold_not_where_the_corpus_lies(corpus_copy, tmp_path):
+    # A checkpoint records it so that a resume takes a rebuild elsewhere and refuses another corpus:
+    # a shard with other contents (another sha256) is another corpus, even under the same name and count.
+    moved = shutil.copytree(corpus_copy, tmp_path / "elsewhere")
+    assert open_corpus(moved).data_sha256 == open_corpus(corpus_copy).data_sha256
+    m = json.loads((moved / "manifest.json").read_text())
+    m["shards"][0]["sha256"] = "0" * 64
+    (moved / "manifest.json").write_text(json.dumps(m))
+    assert open_corpus(moved).data_sha256 != open_corpus(corpus_copy).data_sha256

@@ -79,6 +79,28 @@ def test_epoch_permutation_is_a_permutation_and_pure(n):
         assert not np.array_equal(perm, EpochPermutation(n, seed=4, epoch=1)[np.arange(n)])
 
 
+def test_epoch_permutation_refuses_positions_outside_the_epoch():
+    # Position n (one past the end, a resume past the epoch's last sample) fed to the Feistel network would
+    # be walked back into [0, n) and silently return some sample; -1 (2^64 - 1 as uint64) would never come
+    # back from cycle walking: an alarm makes that case fail instead of hang.
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("EpochPermutation never returned for an out-of-range position")
+
+    perm = EpochPermutation(10, seed=3, epoch=1)
+    assert perm[np.array([0, 9])].tolist() == perm[np.arange(10)][[0, 9]].tolist()
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        for bad in ([10], [-1], [3, 10]):
+            with pytest.raises(IndexError, match=r"positions must lie in \[0, 10\)"):
+                perm[np.array(bad)]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_split_reads_every_sample_across_shards_and_record_batches(corpus):
     split = ShardedSplit(corpus, "train")
     assert len(split) == 73 and len(ShardedSplit(corpus, "heldout")) == 9

@@ -107,3 +107,21 @@ def test_a_label_id_beyond_the_vocabulary_is_shown_not_a_traceback():
     row = {"input_ids": [2, 4, 3], "masked_lm_positions": [1], "masked_lm_ids": [40000]}
     assert decode_instance(row, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) == "[CLS] [MASK]{<40000>} [SEP]"
 
+
+
+def test_verify_shards_names_a_missing_shard_and_a_changed_one(tmp_path):
+    # A shard deleted after the corpus was written is named as missing (not a FileNotFoundError traceback
+    # from the hasher); one whose bytes changed is named as damaged.
+    from pipeline.manifest import sha256_file, verify_shards
+
+    for name, data in (("train-00000-of-00002.arrow", b"first"), ("train-00001-of-00002.arrow", b"second")):
+        (tmp_path / name).write_bytes(data)
+    manifest = {"shards": [{"path": p.name, "sha256": sha256_file(p)} for p in sorted(tmp_path.glob("*.arrow"))]}
+    verify_shards(tmp_path, manifest)
+    (tmp_path / "train-00001-of-00002.arrow").write_bytes(b"changed")
+    with pytest.raises(ValueError, match=r"train-00001-of-00002.arrow is damaged: its sha256 is not the one in"):
+        verify_shards(tmp_path, manifest)
+    (tmp_path / "train-00001-of-00002.arrow").unlink()
+    with pytest.raises(ValueError, match=r"train-00001-of-00002.arrow listed in manifest.json is missing; the "
+                                         r"corpus is incomplete"):
+        verify_shards(tmp_path, manifest, threads=1)

@@ -70,3 +70,17 @@ def test_fresh_leaves_a_folder_another_process_is_writing(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_out_holding_only_a_lock_file_is_taken_as_empty(tmp_path, capsys):
+    # A demo killed before it wrote its marker (or one still starting there) leaves only its lock file: that
+    # folder is the demo's (a second one is then told it is locked), while any other file is the user's.
+    from launch.cli.demo import _check_out
+    from launch.errors import CliError
+    from pipeline.output_lock import LOCK_NAME
+
+    (tmp_path / LOCK_NAME).write_text("")
+    _check_out(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(CliError, match="is not empty and was not written by `bertpipe demo`"):
+        _check_out(tmp_path)

@@ -246,3 +246,27 @@ def test_reading_cached_layers_holds_one_beside_the_result(tmp_path, monkeypatch
     second = again.layers(key, [4, 0, 2, 0], 50, 8, lambda missing: pytest.fail(f"encoder run for {missing}"))
     assert torch.equal(second, expected) and again.stats.hits == 3
     assert most[0] == 1
+
+
+def test_a_text_head_reads_the_bilstms_last_layer_at_each_ends_real_token():
+    # The text's vector is the top BiLSTM layer's forward state after its last real token and its backward
+    # state after the first (the [CLS] end): not the first layer's, and not a state that has seen padding.
+    torch.manual_seed(0)
+    x, mask = torch.randn(2, 6, 2, 8), torch.tensor([[1] * 6, [1] * 3 + [0] * 3])
+    head = FrozenFeatureHead(2, 8, 3, combine="concat", per_token=False, lstm_hidden=5, lstm_layers=2).eval()
+    out, _ = head.lstm(x.flatten(2))  # [B, L, 2D]; each row alone, so padding is what we choose to read
+    out_short, _ = head.lstm(x[1:, :3].flatten(2))
+    states = torch.stack([torch.cat([out[0, -1, :5], out[0, 0, 5:]]),
+                          torch.cat([out_short[0, -1, :5], out_short[0, 0, 5:]])])
+    assert torch.allclose(head(x, mask), head.classifier(states), atol=1e-5)
+
+
+def test_a_text_head_without_a_bilstm_reads_the_cls_position_only():
+    torch.manual_seed(0)
+    x, mask = torch.randn(2, 5, 3, 4), torch.ones(2, 5, dtype=torch.long)
+    head = FrozenFeatureHead(3, 4, 2, combine="sum", per_token=False, lstm_hidden=0).eval()
+    changed = x.clone()
+    changed[:, 1:] = torch.randn(2, 4, 3, 4)  # every token after [CLS]
+    assert torch.allclose(head(x, mask), head(changed, mask)) and torch.allclose(head(x, mask), head.classifier(x[:, 0].sum(1)))
+    with pytest.raises(ValueError, match="combine must be concat, sum or weighted, got 'mean'"):
+        FrozenFeatureHead(3, 4, 2, combine="mean", per_token=False)

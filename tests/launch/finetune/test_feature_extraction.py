@@ -184,6 +184,39 @@ def test_parse_layers_rows_of_table_7():
         parse_layers("last4-sum", 2)
 
 
+def test_parse_layers_refuses_a_layer_just_past_either_end():
+    # On a 2-layer model the hidden states are 0 (embeddings), 1, 2: index 3 or -4 names none of them
+    # (an IndexError mid-extraction, after the model was loaded and the texts tokenised).
+    assert parse_layers("2", 2).indices == [2] and parse_layers("-3", 2).indices == [0]
+    for spec in ("3", "-4", "0,3"):
+        with pytest.raises(ValueError, match=r"out of range; the model has layers 0 \(embeddings\) to 2"):
+            parse_layers(spec, 2)
+
+
+def test_features_refuses_a_learned_weighted_sum_instead_of_writing_another_combination(tiny_checkpoint, texts_file,
+                                                                                        tmp_path, capsys):
+    # all-weighted's weights exist only once trained with a task; `features` would otherwise write some
+    # other combination of the layers under that name.
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["features", "--checkpoint", str(tiny_checkpoint), "--input", str(texts_file),
+                  "--out", str(tmp_path / "w"), "--layers", "all-weighted"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--layers all-weighted: its weights are learned with a task" in err and "all-sum" in err
+    assert not list(tmp_path.glob("w*"))
+
+
+@pytest.mark.parametrize("flags", [["--max-seq-len", "1"], ["--batch-size", "0"]])
+def test_a_length_or_batch_that_cannot_hold_a_text_is_refused_before_the_model_loads(tiny_checkpoint, texts_file,
+                                                                                     tmp_path, capsys, flags):
+    # One word piece holds not even [CLS] and [SEP]: every text would come out as a truncated [CLS].
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["features", "--checkpoint", str(tiny_checkpoint), "--input", str(texts_file),
+                  "--out", str(tmp_path / "f"), *flags])
+    assert exc.value.code == 2 and "--batch-size must be >= 1 and --max-seq-len >= 2" in capsys.readouterr().err
+    assert not list(tmp_path.glob("f*"))
+
+
 def test_a_second_run_on_the_same_output_is_refused_while_the_first_writes(minilm_dir, texts_file, tmp_path, capsys):
     # Two runs on one --out shared `.OUT.npy.partial`: one renamed the other's file away, and died in a traceback
     import json

@@ -52,3 +52,32 @@ def test_a_labelled_test_splits_scores_are_logged_as_test_not_dev(tmp_path):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"dev/f1", "test/f1"} <= tags and not any(t.startswith("dev/test") for t in tags), tags
+
+
+def test_log_history_keeps_each_epochs_numbers_and_the_lr_and_leaves_out_flags(tmp_path):
+    # log_history.json is what a user plots or compares runs by: every epoch's step, loss and lr, and the dev
+    # numbers; a True/False in the dev results is not a score (JSON would hold `true`, a plot 1.0).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from launch.finetune.history import TrainingHistory
+
+    history = TrainingHistory(tmp_path, "accuracy")
+    history.step(1, 0.7, 2e-5)
+    history.epoch(1, 1, 0.7, 2e-5, {"accuracy": 0.5, "eval_examples": 8, "best": True, "note": "x"})
+    history.epoch(2, 2, 0.6, 1e-5, {"accuracy": 0.75, "eval_examples": 8})
+    assert history.close() == tmp_path / "learning_curve.png"
+    assert json.loads((tmp_path / "log_history.json").read_text()) == [
+        {"epoch": 1, "step": 1, "train_loss": 0.7, "lr": 2e-5, "accuracy": 0.5, "eval_examples": 8},
+        {"epoch": 2, "step": 2, "train_loss": 0.6, "lr": 1e-5, "accuracy": 0.75, "eval_examples": 8},
+    ]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    # An example count is no dev curve (nor is a flag).
+    assert set(events.Tags()["scalars"]) == {"train/loss", "train/lr", "train/epoch_loss", "dev/accuracy"}
+
+
+def test_a_run_that_took_no_step_writes_no_learning_curve(tmp_path):
+    from launch.finetune.history import TrainingHistory
+
+    history = TrainingHistory(tmp_path, "accuracy", tensorboard=False)
+    assert history.close() is None and not (tmp_path / "learning_curve.png").exists()

@@ -283,6 +283,14 @@ def test_a_task_named_twice_is_refused_before_ray_starts(tiny_checkpoint, tmp_pa
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.parametrize("seeds", [0, []])
+def test_no_seeds_is_refused_before_ray_starts(tiny_checkpoint, tmp_path, seeds):
+    # Zero seeds expand to zero trials: a "finished" sweep with an empty table, after starting Ray for nothing.
+    with pytest.raises(ValueError, match="--seeds must be at least 1"):
+        run_sweep(["sst2"], tiny_checkpoint, GLUE, tmp_path / "sweep", grid="quick", seeds=seeds, overrides=TRIAL)
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_grid_varying_what_the_trials_do_not_use_is_refused_before_ray_starts(tiny_checkpoint, tmp_path):
     # --feature-based trains the new head at --feature-lr: the paper grid's three lrs ran each trial three times
     with pytest.raises(ValueError, match=r"grid 'paper' varies lr, which --feature-based trials do not use .*feature_lr: "):
@@ -325,6 +333,19 @@ def test_trial_resources_the_local_ray_cannot_give_are_refused_not_waited_for(ti
             cli.main([*base, "--out", str(tmp_path / "out"), *extra])
         assert refused.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out" / "trials").exists()
+
+
+def test_a_trial_asking_exactly_what_ray_has_runs_and_a_cluster_may_grow(caplog):
+    # All of the local Ray's CPUs for one trial is a valid sweep (one trial at a time); more is refused there,
+    # while a remote cluster's autoscaler may add a node that has them: a warning, not a refusal.
+    from launch.finetune.local_ray import check_trial_fits
+
+    wants = {"--cpus-per-trial": ("CPU", 4.0), "--gpus-per-trial": ("GPU", 1.0)}
+    check_trial_fits(wants, {"CPU": 4.0, "GPU": 1.0}, None)
+    with pytest.raises(ValueError, match=r"--gpus-per-trial 1 asks for more GPUs than the local Ray has \(0\); lower it$"):
+        check_trial_fits(wants, {"CPU": 4.0}, None)
+    check_trial_fits(wants, {"CPU": 2.0}, "ray://head:10001")
+    assert "--cpus-per-trial 4: the Ray cluster at ray://head:10001 has 2 CPUs now" in caplog.text
 
 
 def _free_ports(n: int) -> list[int]:

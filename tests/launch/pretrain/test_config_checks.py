@@ -57,6 +57,42 @@ def test_fp16_generates_dynamic_loss_scaling():
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_each_zero_stage_gets_its_own_settings_from_the_yaml_as_deepspeed_reads_them(stage):
+    """Every zero.* and clipping value reaches the JSON under the key DeepSpeed reads for that stage; the
+    bucket of another stage is left out, and nothing lets DeepSpeed gather 16-bit weights on save or swap
+    our optimizer for its own CPU one under offload."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    overrides = [f"zero.stage={stage}", "zero.overlap_comm=true", "zero.contiguous_gradients=false",
+                 "zero.reduce_bucket_size=1000", "zero.allgather_bucket_size=2000",
+                 "zero.stage3_prefetch_bucket_size=3000", "zero.stage3_param_persistence_threshold=4000",
+                 "zero.offload_optimizer=cpu", "optim.max_grad_norm=0.5"]
+    overrides += ["zero.offload_param=cpu"] if stage == 3 else []
+    ds = deepspeed_config(load_config(PretrainConfig, "tiny", overrides), world_size=1, grad_accum=4)
+    off = {"device": "cpu", "pin_memory": False}
+    expected = {"stage": stage, "overlap_comm": True, "contiguous_gradients": False, "reduce_bucket_size": 1000,
+                "offload_optimizer": off}
+    if stage == 3:
+        expected |= {"stage3_prefetch_bucket_size": 3000, "stage3_param_persistence_threshold": 4000,
+                     "stage3_gather_16bit_weights_on_model_save": False, "offload_param": off}
+    else:
+        expected["allgather_bucket_size"] = 2000
+    assert ds["zero_optimization"] == expected
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["zero_allow_untested_optimizer"] is True and ds["zero_force_ds_cpu_optimizer"] is False
+    parsed = DeepSpeedConfig(ds)  # DeepSpeed's own parser: the keys are the ones it reads
+    z = parsed.zero_config
+    assert (z.stage, z.overlap_comm, z.contiguous_gradients, z.reduce_bucket_size) == (stage, True, False, 1000)
+    assert parsed.gradient_clipping == 0.5 and parsed.zero_force_ds_cpu_optimizer is False
+    assert z.offload_optimizer.device == "cpu"
+    if stage == 3:
+        assert (z.prefetch_bucket_size, z.param_persistence_threshold) == (3000, 4000)
+        assert z.offload_param.device == "cpu" and z.gather_16bit_weights_on_model_save is False
+    else:
+        assert z.allgather_bucket_size == 2000 and z.offload_param is None
+
+
 @pytest.mark.parametrize("overrides, world, device, message", [
     (["precision.dtype=fp16"], 1, "cpu", "fp16 is not supported on CPU"),
     (["data.global_batch_size=30"], 2, "cpu", r"multiple of data.micro_batch_size x data-parallel size \(8 x 2 = 16\)"),
@@ -139,3 +175,33 @@ def test_mfu_peak_comes_from_the_gpu_name():
     assert spec_peak_tflops("NVIDIA H100 PCIe") == 756.0  # not the SXM figure
     assert spec_peak_tflops("NVIDIA L40S") == 362.0 and spec_peak_tflops("NVIDIA L4") == 121.0
     assert spec_peak_tflops("cpu") is None
+
+
+def test_flops_per_token_is_6n_plus_the_attention_term():
+    # PaLM's appendix B: 6N for the matmuls (forward + backward) and 12 L H S for attention; the MFU a
+    # user compares with other frameworks is this over the peak.
+    from launch.pretrain.training_log import flops_per_token
+
+    assert flops_per_token(1000, 2, 4, 8.0) == 6 * 1000 + 12 * 2 * 4 * 8
+
+
+def test_metrics_jsonl_drops_only_a_torn_last_line_and_names_any_other_bad_one(tmp_path, caplog):
+    from launch.pretrain.training_log import MetricsWriter, read_records
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')  # a crash mid-write
+    assert read_records(path) == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
+    assert "cut short by an interrupted write" in caplog.text
+    # Damage before the end is not a torn write: dropping it (and all after it) would lose history silently.
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n{"step": 3, "loss": 1.0}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl line 2 is not JSON .*; remove that line"):
+        read_records(path)
+    path.write_text('{"step": 1, "loss": 2.0}\n[3, 1.0]\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl line 2 is not a JSON object"):
+        read_records(path)
+    # A resume from step 1 cuts the file back to it, then a non-finite loss stays visible (JSON has no NaN).
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
+    writer = MetricsWriter(tmp_path, enabled=True, tensorboard=False, progress_bar=False, start_step=1, total_steps=3)
+    writer.write({"step": 2, "loss": float("nan"), "grad_norm": float("inf"), "lr": 0.1})
+    writer.close()
+    assert read_records(path) == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": "nan", "grad_norm": None, "lr": 0.1}]
