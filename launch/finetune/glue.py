@@ -137,8 +137,8 @@ def read_split(spec: GlueSpec, data_dir: Path, split: str, *, skip_malformed: bo
     else:
         raise DataError(f"{spec.name} has no split {split!r}")
     if split in spec.test_files and skips.count:
-        raise DataError(f"{_test_path(spec, data_dir, split)}: {skips.count} malformed line(s), e.g. {skips.where[0]}; the GLUE server takes "
-                        "a submission only with a prediction for every test line: fix them")
+        raise DataError(f"{_test_path(spec, data_dir, split)}: {skips.count} malformed line(s), e.g. {skips.where[0]}; "
+                        "the GLUE server takes a submission only with a prediction for every test line: fix them")
     skips.log(f"{spec.dir_name} {split}")
     return out
 
