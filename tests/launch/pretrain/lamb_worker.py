@@ -17,6 +17,7 @@ from deepspeed.utils import safe_get_full_fp32_param
 
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, param_groups
 from launch.pretrain.process_group import init_distributed
+from launch.pretrain.worker import leave_process_group
 from model import BertConfig, BertForPreTraining
 
 STEPS, BATCH, SEQ, PRED = 3, 8, 16, 3
@@ -86,6 +87,9 @@ def main(out: Path, stages: list[int]) -> None:
             torch.save({"params": full, "segments": gathered}, out / f"zero{stage}.pt")
         dist.barrier()
         engine.destroy()
+    # As the trainer does: an exit with the gloo group open can abort in its communication thread
+    # ("terminate called without an active exception", exit 134; seen once in CI).
+    leave_process_group()
 
 
 if __name__ == "__main__":
