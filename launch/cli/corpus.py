@@ -23,7 +23,7 @@ import functools
 import logging
 import types
 
-from launch.config_flags import add_config_flags, config_from_args, given_flags, warn_deprecated
+from launch.config_flags import add_config_flags, config_from_args, flag_of, given_flags, warn_deprecated
 from launch.errors import CliError
 from launch.log import setup_logging
 
@@ -72,6 +72,8 @@ def _beam_option_names() -> frozenset[str]:
 
 # Past this share of the text in sentences too long for --seq-len, the summary warns.
 LONG_SENTENCE_WARN_FRACTION = 0.25  # prose: 3.6% of the bundled text at seq 64, 14% in Austen's opening pages
+# Config fields whose flags keep the names users know.
+FLAG_NAMES = {"inputs": "--input", "input_format": "--format"}
 ON_INTERRUPT = "the partial output in --out has no manifest.json; run the same command again to rebuild it"
 
 
@@ -82,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(`key=value` overrides are the deprecated form of --key value)")
     from pipeline.corpus_job import CorpusConfig
 
-    add_config_flags(parser, CorpusConfig, flag_names={"inputs": "--input", "input_format": "--format"},
+    add_config_flags(parser, CorpusConfig, flag_names=FLAG_NAMES,
                      required=("inputs", "out"),
                      config_help="a YAML file of corpus settings (the keys of the manifest's `config`); flags given here win")
     parser.add_argument("--runner", default=None,
@@ -98,7 +100,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if len(args.action) != 2:
         raise CliError("usage: bertpipe corpus inspect DIR")
     # `inspect DIR --seq-len 64` would show DIR as it was built, whatever the flag says.
-    build = ([("--" + {"inputs": "input", "input_format": "format"}.get(k, k).replace("_", "-")) for k in given_flags(args)]
+    build = ([FLAG_NAMES.get(k, flag_of(k)) for k in given_flags(args)]
              + (["--config"] if args.config else []) + (["--runner"] if args.runner else [])
              + [a.split("=", 1)[0] for a in args.beam_args if a.startswith("--")])
     if build:

@@ -133,12 +133,13 @@ def read_split(spec: GlueSpec, data_dir: Path, split: str, *, skip_malformed: bo
     elif split in spec.dev_files:
         out = read_glue_file(spec, base / spec.dev_files[split], labelled=True, skips=skips)
     elif split in spec.test_files:
-        out = read_glue_file(spec, _test_path(spec, data_dir, split), labelled=False, skips=skips)
+        path = _test_path(spec, data_dir, split)
+        out = read_glue_file(spec, path, labelled=False, skips=skips)
+        if skips.count:
+            raise DataError(f"{path}: {skips.count} malformed line(s), e.g. {skips.where[0]}; the GLUE server takes "
+                            "a submission only with a prediction for every test line: fix them")
     else:
         raise DataError(f"{spec.name} has no split {split!r}")
-    if split in spec.test_files and skips.count:
-        raise DataError(f"{_test_path(spec, data_dir, split)}: {skips.count} malformed line(s), e.g. {skips.where[0]}; "
-                        "the GLUE server takes a submission only with a prediction for every test line: fix them")
     skips.log(f"{spec.dir_name} {split}")
     return out
 
