@@ -4,8 +4,11 @@
 #   2. pre-training on CUDA as Kubernetes runs it (`python -m launch.pretrain.torchrun`, NCCL, bf16,
 #      ZeRO-2): a user error exits 2; SIGTERM checkpoints and exits 143; --resume continues from there;
 #   3. BERT-Large phase 2 (seq 512) against transformers: the preset, or each of VARIANTS (the bench's
-#      flags; BENCH_ARGS: flags for all).
-# PARTS (default "1 2 3") chooses the parts.
+#      flags; BENCH_ARGS: flags for all);
+#   4. determinism on CUDA: a run killed and resumed gives the same losses, bit for bit, as one
+#      uninterrupted run (bf16, ZeRO-2, varlen flash attention with dropout), with --deterministic and
+#      without; and whether --deterministic changes the losses.
+# PARTS (default "1 2 3 4") chooses the parts.
 # Needs the DeepSpeed wheels in .whl and the corpora in .bench/large, built where Beam is (PERFORMANCE.md).
 # Each part has its own time limit, so that one that hangs still leaves the others' results.
 set -u
@@ -69,5 +72,52 @@ part3() {
     [ -n "${OUT:-}" ] && cp "$WORK"/bench512-*.log "$OUT"/
 }
 
-for n in ${PARTS:-1 2 3}; do "part$n"; done
+part4() {
+    part "4. determinism on CUDA: reruns and a resume"
+    D=(python3 -m launch.pretrain.torchrun --standalone --nproc-per-node 1 --module launch.pretrain --config tiny
+       --data "$CORPUS" --precision.dtype bf16 --zero.stage 2 --log.eval-every 0 --log.tensorboard false
+       --model.fields varlen_dropout=true hidden_dropout_prob=0.1 attention_probs_dropout_prob=0.1
+       --max-steps 40 --save-every 20)
+    for mode in det free; do
+        flag=; [ $mode = det ] && flag=--deterministic
+        local t0=$SECONDS
+        timeout 150 "${D[@]}" $flag --out "$WORK/$mode-a" >"$WORK/$mode-a.log" 2>&1
+        expect 0 $? "$mode: 40 steps uninterrupted in $((SECONDS - t0)) s"
+        # The other run is killed (SIGKILL, the whole group) once step 22 is logged, past the checkpoint at 20.
+        setsid "${D[@]}" $flag --out "$WORK/$mode-b" >"$WORK/$mode-b.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 120); do
+            [ -f "$WORK/$mode-b/metrics.jsonl" ] && [ "$(wc -l <"$WORK/$mode-b/metrics.jsonl")" -ge 22 ] && break
+            sleep 0.5
+        done
+        kill -KILL -- -$pid
+        wait $pid
+        echo "$mode: killed after step $(wc -l <"$WORK/$mode-b/metrics.jsonl"), latest $(cat "$WORK/$mode-b/checkpoints/latest")"
+        timeout 150 "${D[@]}" $flag --out "$WORK/$mode-b" --resume >"$WORK/$mode-b-resume.log" 2>&1
+        expect 0 $? "$mode: --resume to step 40"
+    done
+    python3 - "$WORK" <<'PY'
+import json, sys
+from pathlib import Path
+def losses(run):
+    path = Path(sys.argv[1]) / run / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines()) if "loss" in r}
+for a, b, what in [("det-a", "det-b", "--deterministic: uninterrupted vs killed at 22, resumed from 20"),
+                   ("free-a", "free-b", "without --deterministic: the same"),
+                   ("det-a", "free-a", "uninterrupted, with vs without --deterministic")]:
+    x, y = losses(a), losses(b)
+    steps = sorted(set(x) & set(y))
+    differ = [s for s in steps if x[s] != y[s]]
+    worst = max((abs(x[s] - y[s]) / abs(x[s]) for s in steps), default=float("nan"))
+    print(f"{what}: {len(steps)} steps in common, {len(differ)} differ (first {differ[:1]}), max rel diff {worst:.2e}")
+    if steps:
+        print(f"  step {steps[-1]}: {x[steps[-1]]!r} vs {y[steps[-1]]!r}")
+PY
+    grep -hiE "traceback|error|warn" "$WORK"/det-*.log "$WORK"/free-*.log | grep -v "follows its own settings" | sort | uniq -c | head -n 8
+    [ -n "${OUT:-}" ] && cp "$WORK"/det-*.log "$WORK"/free-*.log "$OUT"/ 2>/dev/null
+}
+
+for n in ${PARTS:-1 2 3 4}; do "part$n"; done
 part "done"

@@ -51,6 +51,13 @@ def _dotted(tree: dict[str, Any], key: str) -> Any:
     return tree
 
 
+def use_deterministic_algorithms() -> None:
+    """torch's deterministic kernels, on CUDA too: torch refuses a cuBLAS matmul in this mode unless cuBLAS
+    has a fixed workspace (a user's own setting is kept). Read when the first cuBLAS handle is made."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
 class Trainer:
     def __init__(self, cfg: PretrainConfig, *, data_dir: Path, run_dir: Path, resume: bool = False) -> None:
         self.cfg = cfg
@@ -87,7 +94,7 @@ class Trainer:
         bert_cfg, self.grad_accum = preflight(cfg, corpus, world_size=self.world, device_type=self.device.type,
                                               run_check=on_rank0)
         if cfg.deterministic:
-            torch.use_deterministic_algorithms(True)
+            use_deterministic_algorithms()
 
         meta = self._resume_meta()
         torch.manual_seed(cfg.seed)  # identical init on every rank

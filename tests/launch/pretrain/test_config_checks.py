@@ -205,3 +205,24 @@ def test_metrics_jsonl_drops_only_a_torn_last_line_and_names_any_other_bad_one(t
     writer.write({"step": 2, "loss": float("nan"), "grad_norm": float("inf"), "lr": 0.1})
     writer.close()
     assert read_records(path) == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": "nan", "grad_norm": None, "lr": 0.1}]
+
+
+def test_deterministic_mode_gives_cublas_a_fixed_workspace_and_keeps_a_users_own(monkeypatch):
+    """Without CUBLAS_WORKSPACE_CONFIG torch refuses every CUDA matmul in deterministic mode."""
+    import os
+
+    import torch
+
+    from launch.pretrain.trainer import use_deterministic_algorithms
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the test leaves the variable as it found it
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        use_deterministic_algorithms()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        use_deterministic_algorithms()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
