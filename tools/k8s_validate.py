@@ -277,6 +277,7 @@ def policy_findings(doc: Any, source: str) -> list[Finding]:
                                                 f"mounts volume {mount.get('name')!r}, which the pod does not define"))
                 limits = (container.get("resources") or {}).get("limits") or {}
                 if "nvidia.com/gpu" in limits:
+                    findings += _gpu_request_findings(container.get("resources"), source, name, f"{cpath}.resources")
                     mounts = {m.get("name") for m in container.get("volumeMounts") or [] if m.get("mountPath") == "/dev/shm"}
                     if not mounts & shm_volumes:
                         findings.append(Finding(
@@ -286,7 +287,20 @@ def policy_findings(doc: Any, source: str) -> list[Finding]:
                 for j, env in enumerate(container.get("env") or []):
                     if "value" in env and any(w in env.get("name", "").upper() for w in ("TOKEN", "PASSWORD", "SECRET", "KEY")):
                         findings.append(Finding(source, name, f"{cpath}.env[{j}]", "secret-like values go in a Secret, by reference"))
+    for path, trainer in nested_mappings(doc, lambda m: isinstance(m.get("resourcesPerNode"), dict)):
+        findings += _gpu_request_findings(trainer["resourcesPerNode"], source, name,
+                                          field_path((*path, "resourcesPerNode")))
     return findings + ray_scaling_findings(doc, source) + pod_failure_policy_findings(doc, source, name)
+
+
+def _gpu_request_findings(resources: Any, source: str, name: str, where: str) -> list[Finding]:
+    """GPU pods request cpu and memory: a pod without requests is BestEffort, the first a node short of
+    memory evicts, and the scheduler may place it where no CPU is left to feed its GPUs."""
+    resources = resources or {}
+    if "nvidia.com/gpu" not in (resources.get("limits") or {}):
+        return []
+    missing = [r for r in ("cpu", "memory") if r not in (resources.get("requests") or {})]
+    return [Finding(source, name, where, f"GPU containers must request {' and '.join(missing)}")] if missing else []
 
 
 def pod_failure_policy_findings(doc: Any, source: str, name: str) -> list[Finding]:

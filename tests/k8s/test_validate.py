@@ -242,6 +242,23 @@ def test_policy_catches_root_privilege_and_a_missing_dev_shm(rendered) -> None:
         assert expected in messages, messages
 
 
+def test_a_gpu_pod_without_cpu_and_memory_requests_is_caught(rendered) -> None:
+    """Without requests a GPU pod is BestEffort: the first a node short of memory evicts, mid-run."""
+    for root in ("k8s/base", "k8s/overlays/dev"):
+        job = next(o for o in rendered[root] if o["kind"] == "PyTorchJob")
+        assert policy_findings(job, "t") == []
+        broken = copy.deepcopy(job)
+        del broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+        assert [f.message for f in policy_findings(broken, "t")] == ["GPU containers must request cpu and memory"]
+        trainjob = copy.deepcopy(next(o for o in rendered[root] if o["kind"] == "TrainJob"))
+        assert policy_findings(trainjob, "t") == []
+        # A TrainJob's resourcesPerNode replaces the runtime's resources for its nodes.
+        del trainjob["spec"]["trainer"]["resourcesPerNode"]["requests"]["memory"]
+        found = policy_findings(trainjob, "t")
+        assert [(f.path, f.message) for f in found] == [
+            ("spec.trainer.resourcesPerNode", "GPU containers must request memory")], found
+
+
 def test_ray_worker_bounds_without_the_autoscaler_are_caught(rendered) -> None:
     # The RayJob had maxReplicas 8 (32 in the multinode overlay) and no autoscaler: a fixed 4 workers.
     for overlay in ("k8s/base", "k8s/overlays/multinode"):
