@@ -10,8 +10,11 @@ all but rank 0, so the message is printed once) or `RankZeroFailed` for a fault.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import signal
 import socket
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -19,6 +22,8 @@ import torch.distributed as dist
 
 from launch.log import launcher_world_size
 from launch.pretrain.launcher import free_port
+
+log = logging.getLogger(__name__)
 
 # Collective timeout (minutes) unless DEEPSPEED_TIMEOUT sets one; see init_distributed.
 DIST_TIMEOUT_MINUTES = 60
@@ -33,6 +38,8 @@ def init_distributed() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     # DeepSpeed's barriers name no device; NCCL's warns that it takes the current one, which the trainer sets.
     warnings.filterwarnings("ignore", message=r"barrier\(\): using the device under current context")
+    if launcher_world_size() is not None:
+        end_with_launcher()
     # Under mpirun (Kubeflow TrainJob/MPIJob, `deepspeed --launcher openmpi`) RANK is unset at start-up:
     # DeepSpeed discovers the ranks from MPI itself, so only a truly lone process gets a group of one.
     if "RANK" not in os.environ and launcher_world_size() is None:
@@ -55,6 +62,25 @@ def init_distributed() -> None:
         # would time out the same way each time. DEEPSPEED_TIMEOUT (minutes) still sets it.
         minutes = int(os.environ.get("DEEPSPEED_TIMEOUT", DIST_TIMEOUT_MINUTES))
         deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(minutes=minutes))
+
+
+def end_with_launcher() -> None:
+    """Have the kernel kill this worker when the launcher that started it dies (PR_SET_PDEATHSIG; Linux).
+
+    A launcher killed with SIGKILL (`kill -9`, the OOM killer) left its workers training on as orphans:
+    they held the GPUs and went on writing the run directory, whose lock `bertpipe pretrain --nproc N`
+    holds in the launcher, so a restarted run took the lock over and wrote beside them. Like any kill,
+    this loses the steps since the last checkpoint. A launcher that stops normally waits for its
+    workers first, so they never see this signal then."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+        log.warning("could not ask to end with the launcher (prctl: %s): if the launcher is killed, end this "
+                    "worker (pid %d) yourself", os.strerror(ctypes.get_errno()), os.getpid())
 
 
 class StoppedTogether(ValueError):

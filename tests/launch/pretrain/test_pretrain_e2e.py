@@ -278,6 +278,32 @@ def test_bertpipe_pretrain_as_torchruns_worker_names_a_killed_rank_and_its_survi
     assert "ERROR launch.pretrain.worker: rank 0: a collective with the other ranks failed (" in output, output[-3000:]
 
 
+@pytest.mark.slow
+def test_a_launcher_killed_with_sigkill_takes_its_workers_with_it_and_the_run_resumes(small_corpus, tmp_path):
+    """`kill -9` of `bertpipe pretrain --nproc 2`, which holds the run dir's lock for its workers, left them
+    training on as orphans: a restart took the dead launcher's lock over and wrote beside them."""
+    run = tmp_path / "run"
+    cmd = pretrain_cmd(small_corpus, run, 2, 1)
+    cmd[cmd.index("--max-steps") + 1] = "100000"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)))
+    workers: list[psutil.Process] = []
+    try:
+        wait_for(lambda: last_step(run) >= SAVE_EVERY + 1, proc)
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2, workers
+    finally:
+        proc.kill()
+        proc.wait()
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    for worker in alive:
+        worker.kill()
+    assert not alive, f"workers {[w.pid for w in alive]} outlived their launcher"
+    run_ok(pretrain_cmd(small_corpus, run, 2, 1, "--resume"), tmp_path / "resume.log")
+    assert "taking over the lock" in (tmp_path / "resume.log").read_text()
+    assert sorted(metrics(run)) == list(range(1, STEPS + 1))
+
+
 CRASHING_WORKER = """
 import os, sys
 import launch.pretrain.checkpoints as ckpt
