@@ -4,6 +4,8 @@ It lives here, not in `launch.cli`, so that the trainer, fine-tuning and export 
 depending on the CLI layer.
 """
 
+import errno
+
 
 class CliError(Exception):
     """A user error: printed as `bertpipe <cmd>: error: <message>` with exit code 2, no traceback.
@@ -42,32 +44,53 @@ def exception_chain(err: BaseException, limit: int = 8) -> list[BaseException]:
 
 
 def disk_full_message(err: BaseException, path: object) -> str | None:
-    """One line for a full disk, naming the path, or None when `err` is something else.
+    """One line for a write that did not fit (a full disk, a quota, a file-size limit), naming the file or
+    `path`, or None when `err` is something else.
 
-    Writers report a full disk in different ways: an OSError with ENOSPC (Python, safetensors), a
-    RuntimeError from torch's C++ stream ("basic_ios::clear: iostream error", which never says why),
-    Beam's wrapped "No space left on device". For the opaque ones the file system is asked directly.
+    Writers report these in different ways: an OSError (Python), "(os error 28)" (safetensors, in Rust),
+    Beam's wrapped text, or a RuntimeError from torch's C++ stream ("iostream error", "unexpected pos"),
+    which never says why: for those the file system is asked for its free space.
     """
-    import errno
     import os
+    import re
     import shutil
 
     chain = exception_chain(err)
-    nospace = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
     text = " ".join(str(e) for e in chain)
-    nospace = nospace or "No space left on device" in text
-    where = next((e.filename for e in chain if isinstance(e, OSError) and e.filename), None) or path
+    codes = [e.errno for e in chain if isinstance(e, OSError)]
+    codes += [int(n) for n in re.findall(r"os error (\d+)", text)]
+    codes += [code for code, words in WRITE_LIMITS.items() if words in text]
+    # A copy's OSError names its source first and its destination second (shutil.copyfile): the destination.
+    where = next((e.filename2 or e.filename for e in chain if isinstance(e, OSError) and (e.filename2 or e.filename)),
+                 None) or path
+    code = next((c for c in codes if c in WRITE_LIMITS), None)
     # An OSError that says what it is (permission, a read-only or missing path) is that, whatever the free space.
     said = isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT,
                                                       errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
-    if not nospace and not said and ("iostream error" in text or "file write failed" in text or isinstance(err, OSError)):
+    opaque = any(words in text for words in ("iostream error", "file write failed", "unexpected pos"))
+    if code is None and not said and (opaque or isinstance(err, OSError)):
         try:
             probe = where
             while probe and not os.path.exists(probe):
                 probe = os.path.dirname(str(probe))
-            nospace = shutil.disk_usage(probe or ".").free < 1 << 20
+            if shutil.disk_usage(probe or ".").free < 1 << 20:
+                code = errno.ENOSPC
         except OSError:
-            nospace = False
-    if not nospace:
-        return None
-    return f"no space left on device while writing {where}; free some space, then run the same command again"
+            pass
+    again = "then run the same command again"
+    if code == errno.ENOSPC:
+        return f"no space left on device while writing {where}; free some space, {again}"
+    if code == errno.EDQUOT:
+        return f"disk quota exceeded while writing {where}; free some space within your quota or write elsewhere, {again}"
+    if code == errno.EFBIG:
+        return (f"file too large while writing {where}: past the file system's largest file (FAT32: 4 GiB) or the "
+                f"shell's `ulimit -f`; write to another file system or raise the limit, {again}")
+    if opaque and not said:
+        first = next((line for line in text.splitlines() if line.strip()), text)[:200]
+        return (f"writing {where} failed ({first.strip()}) with space left on its disk: a quota or a file-size limit "
+                f"(`ulimit -f`) may be reached; check them, {again}")
+    return None
+
+
+# What the C library calls each write limit, as wrapping libraries (Beam) pass it on in text.
+WRITE_LIMITS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EFBIG: "File too large"}

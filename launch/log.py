@@ -11,6 +11,8 @@ import logging
 import os
 import sys
 
+from launch.errors import WRITE_LIMITS
+
 
 def global_rank() -> int:
     # torchrun and the deepspeed launcher set RANK; under mpirun only Open MPI's / PMI's own variables exist.
@@ -37,7 +39,8 @@ def is_rank_zero() -> bool:
 
 class _DropKnownNoise(logging.Filter):
     """Drops import-time warnings of optional cloud extras we do not use (Beam's GCP/BigQuery clients),
-    and the tracebacks Beam logs for a Ctrl-C or a full disk inside a DoFn (the CLI reports those in one line)."""
+    and the tracebacks Beam logs for a Ctrl-C or a write that did not fit (a full disk, a quota, a file-size
+    limit) inside a DoFn (the CLI reports those in one line)."""
 
     NOISE = ("apitools not found",)
 
@@ -47,7 +50,7 @@ class _DropKnownNoise(logging.Filter):
         message = str(record.msg)
         # Beam logs a failing DoFn with its traceback before re-raising; for these two the CLI says it in one line.
         return not message.startswith(self.NOISE) and not any(
-            f"{what} [while running" in message for what in ("KeyboardInterrupt", "No space left on device"))
+            f"{what} [while running" in message for what in ("KeyboardInterrupt", *WRITE_LIMITS.values()))
 
 
 class _DropDeepSpeedNoise(logging.Filter):

@@ -115,3 +115,45 @@ def test_a_read_only_out_is_one_line_naming_it_not_a_traceback(tmpfs):
             assert done.stderr.strip().splitlines()[-1] == (
                 f"bertpipe {command}: error: cannot write --out {out}: Read-only file system: "
                 f"{out / '.bertpipe.lock' if out == disk else out}; choose another --out or make it writable")
+
+
+def test_each_write_limit_is_one_line_naming_the_file_written():
+    import errno
+
+    from launch.errors import disk_full_message
+
+    for code, said in ((errno.ENOSPC, "no space left on device"), (errno.EDQUOT, "disk quota exceeded"),
+                       (errno.EFBIG, "file too large")):
+        # shutil.copyfile names its source first: the message named the input, maybe on another disk.
+        err = OSError(code, os.strerror(code), "/checkpoint/vocab.txt", None, "/out/model/vocab.txt")
+        assert disk_full_message(err, "/out") == disk_full_message(err, "/elsewhere")
+        assert disk_full_message(err, "/out").startswith(f"{said} while writing /out/model/vocab.txt")
+    # safetensors (Rust) and Beam pass the C library's words on as text.
+    rust = RuntimeError("Error while serializing: I/O error: Disk quota exceeded (os error 122)")
+    assert disk_full_message(rust, "/out").startswith("disk quota exceeded while writing /out;")
+    beam = RuntimeError("OSError: [Errno 27] File too large [while running 'Shards/WriteShard']")
+    assert disk_full_message(beam, "/out").startswith("file too large while writing /out:")
+    # torch's stream never says why; with space left it is one line that names what else to check.
+    torch_save = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1075328 vs 1075216")
+    assert "with space left on its disk: a quota or a file-size limit" in disk_full_message(torch_save, "/tmp")
+    assert disk_full_message(PermissionError(errno.EACCES, "Permission denied", "/out"), "/out") is None
+    assert disk_full_message(ValueError("not a write"), "/out") is None
+
+
+@pytest.mark.parametrize("command", ["export", "pretrain", "corpus"])
+def test_a_file_size_limit_is_one_line_not_a_traceback(reference_run, small_corpus, tmp_path, command):
+    """`ulimit -f` (or a FAT32 disk's 4 GiB) fails a write with EFBIG, which gave tracebacks."""
+    import resource
+
+    limit = 256 * 1024
+    argv = {"export": ["export", str(reference_run), "--out", str(tmp_path / "hf")],
+            "pretrain": ["pretrain", "--config", "tiny", "--data", str(small_corpus), "--out", str(tmp_path / "run"),
+                         "--nproc", "1", "--max-steps", "2", "--save-every", "2", "--log.tensorboard", "false"],
+            "corpus": ["corpus", "--input", str(DATA / "books"), "--vocab", str(VOCAB), "--out", str(tmp_path / "c"),
+                       "--seq-len", "64", "--dupe-factor", "1", "--num-shards", "1"]}[command]
+    done = subprocess.run([str(BERTPIPE), *argv], capture_output=True, text=True, env=ENV, timeout=600,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"bertpipe {command}: error: "), line
+    assert ("file too large while writing" in line or "a quota or a file-size limit (`ulimit -f`)" in line), line
