@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 
 from apache_beam.io.filesystems import FileSystems
@@ -19,8 +20,13 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.manifest import FORMAT
 
 TMP = ".bertpipe-tmp"  # the job's temp folder in OUT; its presence marks an unfinished corpus of ours
+DEAD_LETTER = "dead_letter"
 # Top-level names in OUT that a corpus writes (besides its shards).
-OWN_NAMES = ("manifest.json", TMP, "dead_letter", "vocab.txt")
+OWN_NAMES = ("manifest.json", TMP, DEAD_LETTER, "vocab.txt")
+# The names a corpus gives its shards (`pipeline.shards.shard_name`), and its dead letters and Beam's temp
+# folder for them inside dead_letter/: other files there are the user's, and stay.
+SHARD_NAME = re.compile(r"(?:train|heldout)-\d{5}-of-\d{5}\.(?:arrow|parquet)")
+DEAD_LETTER_NAME = re.compile(r"dead_letter-\d{5}-of-\d{5}\.jsonl|beam-temp-dead_letter-\w+")
 
 
 def is_remote(path: str) -> bool:
@@ -124,12 +130,40 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
     if not ours:
         raise ValueError(f"--out {out} holds {', '.join(sorted(names)[:3])}{' ...' if len(names) > 3 else ''}, "
                          "which bertpipe did not write (no bertpipe manifest.json): choose another --out")
+    # Our shards: those the earlier manifest lists, or any under a shard's name while an unfinished job of
+    # ours (TMP) may have written it. A shard-like file beside them is the user's: refused, not deleted.
+    listed = {s.get("path") for s in earlier.get("shards", []) if isinstance(s, dict)}
+    strays = [n for n in names if n not in OWN_NAMES and not (n in listed or TMP in entries and SHARD_NAME.fullmatch(n))]
+    if DEAD_LETTER in names and not is_remote(out) and not os.path.isdir(os.path.join(out, DEAD_LETTER)):
+        strays.append(DEAD_LETTER)  # a file: ours is a folder
+    if strays:
+        raise ValueError(f"--out {out} holds {', '.join(sorted(strays)[:3])}{' ...' if len(strays) > 3 else ''} "
+                         "beside an earlier corpus, which bertpipe did not write: move it out, or choose another --out")
     for name in names:
-        if is_remote(out):
+        if name == DEAD_LETTER:
+            _delete_dead_letters(out, entries[name])
+        elif is_remote(out):
             FileSystems.delete(entries[name])
         else:
             delete_tree(os.path.join(out, name))
     return users_vocab
+
+
+def _delete_dead_letters(out: str, objects: list[str]) -> None:
+    """The earlier run's dead letters (and a killed run's Beam temp folder) in dead_letter/; a file of the
+    user's there stays, and so does the folder then."""
+    if is_remote(out):
+        prefix = FileSystems.join(out, DEAD_LETTER).rstrip("/") + "/"
+        ours = [o for o in objects if DEAD_LETTER_NAME.fullmatch(o[len(prefix):].split("/", 1)[0])]
+        if ours:
+            FileSystems.delete(ours)
+        return
+    folder = os.path.join(out, DEAD_LETTER)
+    for name in os.listdir(folder):
+        if DEAD_LETTER_NAME.fullmatch(name):
+            delete_tree(os.path.join(folder, name))
+    if not os.listdir(folder):
+        os.rmdir(folder)
 
 
 def outside(files: list[str], out: str) -> list[str]:

@@ -259,6 +259,27 @@ def test_corpus_never_deletes_files_it_did_not_write(tmp_path, data_dir, capsys)
     assert (out / "train-00000-of-00002.arrow").read_bytes() == b"their data"
 
 
+def test_a_rerun_deletes_the_earlier_corpus_and_nothing_of_the_users_beside_it(tmp_path, data_dir, capsys):
+    """A rerun deleted every `*-of-*.arrow` and all of dead_letter/ once an earlier corpus of ours was there:
+    a user's `data-00000-of-00001.arrow` (a `datasets` save) and notes of theirs in dead_letter/ went with it."""
+    out = tmp_path / "corpus"
+    argv = ["corpus", "--input", str(data_dir / "books" / "persuasion.txt"),
+            "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"), "--out", str(out),
+            "--seq-len", "64", "--dupe-factor", "1", "--progress-seconds", "0"]
+    assert cli.main([*argv, "--num-shards", "3"]) == 0
+    (out / "dead_letter").mkdir(exist_ok=True)
+    (out / "dead_letter" / "README").write_text("my notes")
+    assert cli.main([*argv, "--num-shards", "2"]) == 0  # fewer shards: the third is gone, the notes stay
+    assert sorted(p.name for p in out.glob("train-*")) == ["train-00000-of-00002.arrow", "train-00001-of-00002.arrow"]
+    assert (out / "dead_letter" / "README").read_text() == "my notes"
+    theirs = out / "data-00000-of-00001.arrow"
+    theirs.write_bytes(b"their data")
+    err = _fails([*argv, "--num-shards", "1"], capsys)
+    assert f"--out {out} holds data-00000-of-00001.arrow beside an earlier corpus, which bertpipe did not write" in err
+    assert theirs.read_bytes() == b"their data" and (out / "manifest.json").is_file()
+    assert len(list(out.glob("train-*"))) == 2  # refused before anything was deleted
+
+
 def test_corpus_never_overwrites_a_vocab_txt_it_did_not_write(tmp_path, data_dir, capsys):
     """--out holding the user's own vocab.txt and no bertpipe corpus: refused, the file kept; as the
     --vocab itself it is read and written back unchanged."""
