@@ -27,6 +27,7 @@ from launch.finetune.history import TrainingHistory
 from launch.finetune.examples import DataError
 from launch.finetune.encoding import IGNORE, LengthGroupedBatches, loss_weights, use_length_grouping
 from launch.finetune.kinds import Task, TaskData
+from launch.finetune.out_files import clear_earlier_run, record_written
 from launch.finetune.tasks import get_task
 from launch.pretrain.pretrain_config import ScheduleSection
 from launch.pretrain.schedule import build_scheduler, lr_multiplier
@@ -358,7 +359,7 @@ class Finetuner:
 
     def run(self) -> dict[str, Any]:
         self.prepare()  # every check first: a refused run leaves no config.yaml behind
-        self._clear_earlier_run()
+        kept = self._clear_earlier_run()
         mark_output(self.out, OUT_MARKER, "finetune")
         save_config(self.cfg, self.out / "config.yaml")
         train_stats = self.train()
@@ -366,29 +367,24 @@ class Finetuner:
         result = {"task": self.task.name, "metric": self.task.metric, "score": dev.get(self.task.metric),
                   **dev, **train_stats, "device": str(self.device), "bf16": self.bf16,
                   "checkpoint": str(self.cfg.checkpoint)}
-        write_text_atomic(self.out / "metrics.json", json.dumps(result, indent=2) + "\n")
         if self.cfg.save_model:
             self.save()
+        # Last, after the model: a run cut short (a full disk) leaves no metrics.json that says it finished.
+        write_text_atomic(self.out / "metrics.json", json.dumps(result, indent=2) + "\n")
+        record_written(self.out, OUT_FILES, kept)
         return result
 
-    def _clear_earlier_run(self) -> None:
+    def _clear_earlier_run(self) -> list[str]:
         """An earlier run's files in --out (proven ours by `prepare`): left there, its model, predictions,
         confusion matrix and TensorBoard events sat beside this run's as if they were its own, and its
-        metrics.json outlived an interrupted rerun."""
-        import shutil
-
+        metrics.json outlived an interrupted rerun. A file of the user's among them stays (`out_files`)."""
         ckpt = self.ckpt.hf_dir.resolve()
         for name in OUT_FILES:
             path = self.out / name
             if path.resolve() == ckpt or path.resolve() in ckpt.parents:
                 raise DataError(f"--checkpoint {self.cfg.checkpoint} is the earlier run's {path}, which this run "
                                 "replaces; fine-tune it into another --out")
-        for name in OUT_FILES:
-            path = self.out / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
+        return clear_earlier_run(self.out, OUT_FILES)
 
     def save(self) -> Path:
         from model.hf import save_pretrained

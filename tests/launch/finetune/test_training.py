@@ -369,6 +369,40 @@ def test_a_rerun_into_the_same_out_replaces_the_earlier_runs_files(tiny_checkpoi
     assert not set(events) & set((out / "tensorboard").rglob("events.*"))  # one run's curves, not two overlaid
 
 
+def test_a_rerun_keeps_the_users_files_inside_the_output_folders_and_clears_a_run_cut_short(
+        tiny_checkpoint, tmp_path, monkeypatch, caplog):
+    # A rerun removed model/, predictions/ and tensorboard/ whole, with notes the user had put in them.
+    from dataclasses import replace
+
+    out = tmp_path / "o"
+    cfg = replace(_cfg(tiny_checkpoint, out, 1), save_model=True, tensorboard=True)
+    Finetuner(cfg).run()
+    mine = {out / "model" / "notes.txt": "mine", out / "predictions" / "mine.tsv": "x\n",
+            out / "tensorboard" / "my" / "run.txt": "m"}
+    for path, text in mine.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    first_events = set((out / "tensorboard").rglob("events.*"))
+    with caplog.at_level("WARNING"):
+        Finetuner(cfg).run()
+    assert all(path.read_text() == text for path, text in mine.items())
+    assert "also holds 3 file(s) bertpipe did not write, left as they are" in caplog.text
+    assert not first_events & set((out / "tensorboard").rglob("events.*"))
+    assert (out / "model" / "model.safetensors").is_file() and (out / "metrics.json").is_file()
+
+    # A rerun cut short (here after its model): it never said what it wrote, so the next run clears all but
+    # what it had kept, and the unfinished run leaves no metrics.json behind.
+    monkeypatch.setattr(Finetuner, "save", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        Finetuner(cfg).run()
+    assert not (out / "metrics.json").exists()
+    partial = set((out / "tensorboard").rglob("events.*"))
+    monkeypatch.undo()
+    Finetuner(cfg).run()
+    assert not partial & set((out / "tensorboard").rglob("events.*"))
+    assert all(path.read_text() == text for path, text in mine.items())
+
+
 def test_test_file_is_predicted_whole_and_a_malformed_test_line_refused(tiny_checkpoint, tmp_path):
     from dataclasses import replace
 

@@ -1,0 +1,82 @@
+"""Which files in a fine-tuning `--out` a rerun may delete: those an earlier run wrote, never the user's.
+
+A run lists, when it starts, the files it found under its output names (`OUT_FILES` in runner.py) and
+kept, and when it ends, the files it wrote (`RECORD`). A rerun deletes what the earlier run wrote, or,
+when that run never finished, everything but what it had kept; a file added since a finished run (notes
+in `predictions/`, say) is the user's, kept and named in a warning. Without this, a rerun removed whole
+folders (`model/`, `predictions/`, `tensorboard/`) with whatever the user had put in them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Iterable
+
+logger = logging.getLogger(__name__)
+
+RECORD = ".bertpipe-finetune-files.json"
+
+
+def files_under(out: Path, names: Iterable[str]) -> list[str]:
+    """Every file (or link) at or under `out/name` for each name, as a path relative to `out`."""
+    found = []
+    for name in names:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            for folder, _, files in os.walk(path):
+                found += [Path(folder, f).relative_to(out).as_posix() for f in files]
+        elif path.exists() or path.is_symlink():
+            found.append(name)
+    return sorted(found)
+
+
+def _read_record(out: Path) -> dict:
+    try:
+        record = json.loads((out / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_record(out: Path, record: dict) -> None:
+    from pipeline.atomic_write import write_text_atomic
+
+    write_text_atomic(out / RECORD, json.dumps(record, indent=1) + "\n")
+
+
+def clear_earlier_run(out: Path, names: Iterable[str]) -> list[str]:
+    """Delete the earlier run's files under `names` (and the folders they leave empty); returns the files
+    kept, which this run records as not its own."""
+    names = list(names)
+    record = _read_record(out)
+    written = record.get("written")
+    kept_then = set(record.get("kept", []))
+    existing = files_under(out, names)
+    if isinstance(written, list):  # a finished run: exactly its files
+        ours = set(existing) & set(written)
+    else:  # never finished (or no record: a run before records): all but what it kept
+        ours = set(existing) - kept_then
+    for rel in sorted(ours):
+        (out / rel).unlink()
+    for name in names:  # the folders emptied, deepest first
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            for folder, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
+                if not os.listdir(folder):
+                    os.rmdir(folder)
+    kept = [rel for rel in existing if rel not in ours]
+    if kept:
+        logger.warning("%s also holds %d file(s) bertpipe did not write, left as they are: %s", out, len(kept),
+                       ", ".join(kept[:5]) + (" ..." if len(kept) > 5 else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    _write_record(out, {"kept": kept})
+    return kept
+
+
+def record_written(out: Path, names: Iterable[str], kept: list[str]) -> None:
+    """At the end of a run: what it wrote, for the next run to delete."""
+    mine = [rel for rel in files_under(out, names) if rel not in set(kept)]
+    _write_record(out, {"kept": kept, "written": mine})
