@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -332,7 +333,8 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
     from launch.pretrain.hf_export import write_export  # torch and DeepSpeed: only once there is work
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    _remove_stopped_exports(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(out)}{os.getpid()}-", dir=out.parent))
     try:
         write_export(ckpt_dir, tag, meta, tmp, run_dir)
         marker = {"format": "bertpipe-export", "run": str(run_dir.resolve()), "tag": tag,
@@ -347,11 +349,30 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
     return out
 
 
+def _partial_prefix(out: Path) -> str:
+    """The name an export of `out` builds in, beside it, before the rename: `.OUT.bertpipe-partial-PID-*`."""
+    return f".{out.name}.bertpipe-partial-"
+
+
+def _remove_stopped_exports(out: Path) -> None:
+    """An export that was killed left its folder beside `out`, a whole model's size, which no later export
+    removed: those of processes no longer running go (under `out`'s lock no other export of it runs)."""
+    import glob
+    import shutil
+
+    from pipeline.output_lock import pid_alive
+
+    prefix = _partial_prefix(out)
+    for path in out.parent.glob(glob.escape(prefix) + "*"):
+        pid = path.name[len(prefix):].split("-", 1)[0]
+        if path.is_dir() and not path.is_symlink() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            logger.info("removed %s, left by an export that was stopped", path)
+
+
 def _as_umask_allows(folder: Path) -> None:
     """The permissions a plain `mkdir` / `open` would have given: `mkdtemp` makes the folder 0700 and
     safetensors its file 0600, which would keep an export from the other users of a shared machine."""
-    import os
-
     umask = os.umask(0)
     os.umask(umask)
     folder.chmod(0o777 & ~umask)
@@ -364,8 +385,6 @@ def _place(tmp: Path, out: Path) -> None:
     """Move the finished export `tmp` to `out`: whole when `out` is new or empty (so a concurrent
     reader never sees half a model), else file by file, the marker last; of what was there, only the
     files an earlier export's marker lists, as it recorded them (size and sha256), are removed."""
-    import os
-
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
     if not out.exists():

@@ -54,7 +54,7 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -221,7 +221,7 @@ class OutputLock:
             return False  # its pid means nothing here: see `_lease_expired`
         pid = int(holder.get("pid", -1))
         started = holder.get("pid_start")
-        return not _pid_alive(pid) or (started is not None and _start_time(pid) not in (None, started))
+        return not pid_alive(pid) or (started is not None and _start_time(pid) not in (None, started))
 
     def _refusal(self, holder: dict) -> str:
         who = f"`bertpipe {holder.get('command', '?')}` (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, " \

@@ -4,6 +4,7 @@ no training is needed; the end-to-end export of a real run is in test_pretrain_e
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -51,3 +52,21 @@ def test_metadata_without_the_model_shape_is_one_line_naming_the_file(tmp_path, 
     meta = run / "checkpoints" / "global_step10" / META
     assert f"{meta} lacks bert_config" in err and "damaged" in err and "Traceback" not in err
     assert not (tmp_path / "hf").exists()
+
+
+def test_an_export_removes_the_folder_a_killed_export_of_the_same_out_left_and_nothing_else(tmp_path):
+    # A killed export left `.OUT-xxxxxxxx/` (a whole model) beside OUT, and no later export removed it.
+    import subprocess
+    import sys
+
+    run = write_run(tmp_path / "run")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stopped = tmp_path / f".hf.bertpipe-partial-{int(dead.stdout)}-abcd1234"
+    running = tmp_path / f".hf.bertpipe-partial-{os.getpid()}-abcd1234"  # a live process's: not ours to touch
+    users = tmp_path / ".hf-notes"
+    for folder in (stopped, running, users):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"partial")
+    assert cli.main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert not stopped.exists() and running.is_dir() and users.is_dir()
+    assert {p.name for p in tmp_path.iterdir() if p.name.startswith(".hf")} == {running.name, users.name}
