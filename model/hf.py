@@ -335,6 +335,8 @@ def load_pretrained(model_cls: type[M], path: str | Path, config_overrides: dict
     if vocab_file.is_file():
         # The file's vocabulary is the truth: configs of padded checkpoints say 30528 for 30522 tokens.
         vocab_size = count_vocab(vocab_file)
+        if vocab_size == 0:  # a write cut short (a full disk) leaves it so: no vocabulary, not someone else's
+            raise ValueError(f"{vocab_file} is empty; copy the model's vocab.txt there again, or write the model again")
         # Rows beyond the vocabulary are alignment padding (30528 = 30522 rounded up to 64) only
         # when there are fewer than 128 of them; anything else is someone else's vocabulary.
         if not 0 <= rows - vocab_size < 128:

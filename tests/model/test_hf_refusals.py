@@ -47,6 +47,14 @@ def test_a_vocab_that_is_not_the_checkpoints_is_refused_not_trimmed_to(tiny_chec
         load_pretrained(BertModel, ckpt)
 
 
+def test_an_empty_vocab_is_named_as_empty_not_as_another_models(tiny_checkpoint, tmp_path):
+    # A write cut short by a full disk leaves vocab.txt at 0 bytes; the message blamed another vocabulary.
+    ckpt = _copy(tiny_checkpoint, tmp_path / "ckpt")
+    (ckpt / "vocab.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"vocab.txt is empty; copy the model's vocab.txt there again"):
+        load_pretrained(BertModel, ckpt)
+
+
 def _edit_config(ckpt: Path, **changes) -> None:
     config = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**config, **changes}))
