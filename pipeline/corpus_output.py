@@ -129,7 +129,7 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
         return users_vocab
     if not ours:
         raise ValueError(f"--out {out} holds {', '.join(sorted(names)[:3])}{' ...' if len(names) > 3 else ''}, "
-                         "which bertpipe did not write (no bertpipe manifest.json): choose another --out")
+                         "which `bertpipe corpus` did not write (no corpus manifest.json of ours): choose another --out")
     # Our shards: those the earlier manifest lists, or any under a shard's name while an unfinished job of
     # ours (TMP) may have written it. A shard-like file beside them is the user's: refused, not deleted.
     listed = {s.get("path") for s in earlier.get("shards", []) if isinstance(s, dict)}

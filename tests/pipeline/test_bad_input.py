@@ -254,7 +254,7 @@ def test_corpus_never_deletes_files_it_did_not_write(tmp_path, data_dir, capsys)
     (out / "train-00000-of-00002.arrow").write_bytes(b"their data")
     err = _fails(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"),
                   "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"), "--out", str(out)], capsys)
-    assert "which bertpipe did not write" in err
+    assert "which `bertpipe corpus` did not write" in err
     assert (out / "manifest.json").read_text() == '{"format": "someone-else"}'
     assert (out / "train-00000-of-00002.arrow").read_bytes() == b"their data"
 
@@ -288,7 +288,7 @@ def test_corpus_never_overwrites_a_vocab_txt_it_did_not_write(tmp_path, data_dir
     (out / "vocab.txt").write_text("my notes, not a vocabulary\n")
     err = _fails(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--train-vocab-size", "500",
                   "--out", str(out)], capsys)
-    assert "holds vocab.txt, which bertpipe did not write" in err
+    assert "holds vocab.txt, which `bertpipe corpus` did not write" in err
     assert (out / "vocab.txt").read_text() == "my notes, not a vocabulary\n"
     assert sorted(p.name for p in out.iterdir()) == ["vocab.txt"]
 
