@@ -43,6 +43,11 @@ def exception_chain(err: BaseException, limit: int = 8) -> list[BaseException]:
     return chain
 
 
+class WriteDidNotFit(Exception):
+    """A write that did not fit, already said in one line by `disk_full_message` while its evidence was at
+    hand (a partial file still filling the disk, before the writer's clean-up freed it)."""
+
+
 def disk_full_message(err: BaseException, path: object) -> str | None:
     """One line for a write that did not fit (a full disk, a quota, a file-size limit), naming the file or
     `path`, or None when `err` is something else.
@@ -55,6 +60,8 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
     import re
     import shutil
 
+    if isinstance(err, WriteDidNotFit):
+        return str(err)
     chain = exception_chain(err)
     text = " ".join(str(e) for e in chain)
     codes = [e.errno for e in chain if isinstance(e, OSError)]
@@ -67,7 +74,8 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
     # An OSError that says what it is (permission, a read-only or missing path) is that, whatever the free space.
     said = isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT,
                                                       errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
-    opaque = any(words in text for words in ("iostream error", "file write failed", "unexpected pos"))
+    # torch's C++ stream, and numpy's short write ("N requested and M written"), say no errno.
+    opaque = any(words in text for words in ("iostream error", "file write failed", "unexpected pos", "requested and"))
     if code is None and not said and (opaque or isinstance(err, OSError)):
         try:
             probe = where

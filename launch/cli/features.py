@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from launch.checkpoint_dirs import resolve_checkpoint
-from launch.errors import CliError
+from launch.errors import CliError, WriteDidNotFit, disk_full_message
 from launch.config import save_config
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
 from launch.log import setup_logging
@@ -123,6 +123,11 @@ def _write(args: argparse.Namespace, cfg, extractor, texts: list[str], out_base:
             write = write_tokens if cfg.pool == "none" else write_pooled
             write(extractor, texts, partial, bar.update)
         os.replace(partial, data_file)
+    except OSError as err:
+        message = disk_full_message(err, data_file)  # asked now, while the partial file still fills the disk
+        if message is None:
+            raise
+        raise WriteDidNotFit(message) from None
     finally:
         partial.unlink(missing_ok=True)
     elapsed = time.perf_counter() - start
@@ -130,8 +135,9 @@ def _write(args: argparse.Namespace, cfg, extractor, texts: list[str], out_base:
 
 
 def _our_settings(path: Path, cfg) -> dict | None:
-    """The settings in `path` when it parses as the settings file this command writes (then it may
-    rewrite it and the data file it describes), else None."""
+    """The settings in `path` when it parses as the settings file this command writes, every setting
+    resolved (then it may rewrite it and the data file it describes), else None: a YAML of the user's with
+    some of the same keys, even one passed as --config, is theirs."""
     import dataclasses
 
     import yaml
@@ -141,7 +147,7 @@ def _our_settings(path: Path, cfg) -> dict | None:
     except (OSError, ValueError, yaml.YAMLError):
         return None
     names = {f.name for f in dataclasses.fields(cfg)}
-    return data if isinstance(data, dict) and "layers" in data and set(data) <= names else None
+    return data if isinstance(data, dict) and set(data) == names else None
 
 
 def _data_suffix(pool: str | None) -> str | None:

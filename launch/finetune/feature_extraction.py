@@ -87,7 +87,8 @@ def read_texts(path: Path, text_field: str = "text") -> list[str]:
     """`.txt`: one text per line (blank lines kept, so rows match lines); `.jsonl`: a `text_field` per line."""
     if not path.is_file():
         raise ValueError(f"input {path} is a directory; pass one .txt or .jsonl file" if path.is_dir()
-                         else f"input file {path} does not exist")
+                         else f"input {path} is not a regular file (a pipe or a device); pass one .txt or .jsonl "
+                              "file" if path.exists() else f"input file {path} does not exist")
     try:
         # Lines end at \n, \r\n or \r only, as `wc -l` and editors count them: str.splitlines also cuts at
         # form feeds, \x1c-\x1e, U+0085 and U+2028/9 (a JSON string may hold those raw), and every row after

@@ -302,9 +302,14 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / CONFIG_FILE, json.dumps(
         {"tasks": tasks, "grid": grid_values, "seeds": seed_list, "base": base}, indent=2) + "\n")
-    outcomes = _run_trials(pending, base, out, inputs, address=address, num_cpus=num_cpus, temp_dir=temp_dir,
-                           cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
-                           max_failures=max_failures, crash_first_attempt=crash_first_attempt) if pending else {}
+    try:
+        outcomes = _run_trials(pending, base, out, inputs, address=address, num_cpus=num_cpus, temp_dir=temp_dir,
+                               cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
+                               max_failures=max_failures, crash_first_attempt=crash_first_attempt) if pending else {}
+    except ValueError:  # refused before any trial ran (resources Ray lacks): no sweep there to --resume
+        if not resume:
+            (out / CONFIG_FILE).unlink(missing_ok=True)
+        raise
     trials = []
     for p in points:
         # A trial's record is the truth; Tune's report stands in only where OUT/trials is not visible here.

@@ -97,6 +97,7 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
     """
     import psutil
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
@@ -104,6 +105,9 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"bertpipe-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2,
         start_method="spawn", signals_to_handle="SIGHUP,SIGQUIT", shutdown_timeout=int(grace_s),
+        # The workers' output is not redirected, so there are no logs to keep: without this the agent made a
+        # /tmp/torchelastic_*/ tree per launch that nothing removed.
+        logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
     )
     me = psutil.Process()
     # The agent logs each failure ("failed (exitcode: 1) local_rank: 0 ...") in its own format; the

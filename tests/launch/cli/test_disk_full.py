@@ -157,3 +157,18 @@ def test_a_file_size_limit_is_one_line_not_a_traceback(reference_run, small_corp
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(f"bertpipe {command}: error: "), line
     assert ("file too large while writing" in line or "a quota or a file-size limit (`ulimit -f`)" in line), line
+
+
+@pytest.mark.parametrize("pool", ["mean", "none"])
+def test_features_on_a_full_disk_names_its_output_file(tmpfs, tiny_checkpoint, tmp_path, pool):
+    # numpy's short write has no errno, and the partial file was deleted before the disk was asked: a
+    # traceback. The Parquet one named the --out stem.
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(line.split("\t")[0] + "\n" for line in
+                             (DATA / "glue" / "SST-2" / "train.tsv").read_text().splitlines()[1:3001]))
+    disk = tmpfs(256 * 1024)
+    done = _run(["features", "--checkpoint", str(tiny_checkpoint), "--input", str(texts), "--out", str(disk / "f"),
+                 "--pool", pool, "--device", "cpu"])
+    assert done.returncode == 1
+    _one_error_line(done, "features", disk / ("f.npy" if pool == "mean" else "f.parquet"))
+    assert not [p for p in disk.iterdir() if p.suffix in (".npy", ".parquet", ".partial")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -62,6 +63,12 @@ def test_mean_pooling_of_last_layer_matches_transformers(minilm_dir, hf_minilm, 
         cli.main([str(tmp_path / "notes") if a == str(tmp_path / "f") else a for a in argv])
     assert exc.value.code == 2 and "notes.features.yaml exists and is not a `bertpipe features` settings" in capsys.readouterr().err
     assert (tmp_path / "notes.features.yaml").read_text() == "my: notes\n"
+    # Even one with some of the settings' keys (it was rewritten with the resolved settings, comments lost).
+    (tmp_path / "notes.features.yaml").write_text("# tuned by hand\nlayers: all-sum\npool: cls\n")
+    with pytest.raises(SystemExit):
+        cli.main([str(tmp_path / "notes") if a == str(tmp_path / "f") else a for a in argv])
+    assert (tmp_path / "notes.features.yaml").read_text() == "# tuned by hand\nlayers: all-sum\npool: cls\n"
+    capsys.readouterr()
     # A parent of --out that is a file: one line, exit 2
     (tmp_path / "afile").write_text("x")
     with pytest.raises(SystemExit) as exc:
@@ -120,6 +127,9 @@ def test_user_errors_are_clear(minilm_dir, texts_file, tmp_path, capsys):
     assert "out of range" in fails("--input", str(texts_file), "--layers", "9")
     assert "layer 1 is named twice" in fails("--input", str(texts_file), "--layers", "1,1")  # was accepted
     assert f"input {tmp_path} is a directory; pass one .txt or .jsonl file" in fails("--input", str(tmp_path))
+    os.mkfifo(tmp_path / "pipe.txt")  # was "does not exist"
+    assert f"input {tmp_path / 'pipe.txt'} is not a regular file (a pipe or a device)" in fails(
+        "--input", str(tmp_path / "pipe.txt"))
     with pytest.raises(SystemExit):  # `--out d1/` wrote d1.npy beside d1
         cli.main(["features", "--checkpoint", str(minilm_dir), "--input", str(texts_file), "--out", str(tmp_path)])
     assert f"--out {tmp_path} is a directory; --out names the output files" in capsys.readouterr().err

@@ -328,11 +328,14 @@ def test_trial_resources_the_local_ray_cannot_give_are_refused_not_waited_for(ti
                                               "ignored; drop it, or use a grid file that does not vary lr"),
                            (["--max-failures", "-1"], "--max-failures must be 0 or more, got -1"),
                            (["--num-cpus", "1", "--cpus-per-trial", "2"],
-                            "--cpus-per-trial 2 asks for more CPUs than the local Ray has (1); lower it or raise --num-cpus")]:
+                            "--cpus-per-trial 2 asks for more CPUs than the local Ray has (1); lower it or raise --num-cpus"),
+                           # Ray's own error named --out, and left a half-started sweep there
+                           (["--ray-temp-dir", str(GLUE / "SST-2" / "dev.tsv")],
+                            f"--ray-temp-dir {GLUE / 'SST-2' / 'dev.tsv'} is a file; name a directory")]:
         with pytest.raises(SystemExit) as refused:
             cli.main([*base, "--out", str(tmp_path / "out"), *extra])
         assert refused.value.code == 2 and message in capsys.readouterr().err
-    assert not (tmp_path / "out" / "trials").exists()
+    assert not (tmp_path / "out" / "trials").exists() and not (tmp_path / "out" / "sweep_config.json").exists()
 
 
 def test_a_trial_asking_exactly_what_ray_has_runs_and_a_cluster_may_grow(caplog):

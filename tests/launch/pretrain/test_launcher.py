@@ -61,10 +61,16 @@ except Exception as err:
 """
 
 
-def test_workers_get_the_distributed_environment(tmp_path):
+def test_workers_get_the_distributed_environment(tmp_path, monkeypatch):
+    import tempfile
+
     worker = tmp_path / "env_worker.py"
     worker.write_text(ENV_WORKER)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     assert launch_local(3, [str(tmp_path)], program=[str(worker)]) == 0
+    assert not list(scratch.iterdir())  # the agent's /tmp/torchelastic_*/ log tree, one per launch, is gone
     envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
     assert [e["RANK"] for e in envs] == ["0", "1", "2"] and [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
     assert {e["WORLD_SIZE"] for e in envs} == {"3"} and len({e["MASTER_PORT"] for e in envs}) == 1
