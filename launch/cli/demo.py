@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # What the demo writes into --out: `--fresh` deletes these and nothing else, and only where the marker
 # proves an earlier demo wrote them.
+# The steps' own lines above it say "--resume": the demo passes that itself when it runs again.
+ON_INTERRUPT = "run the same demo command again (no --resume): it continues where it stopped"
 MARKER = ".bertpipe-demo"
 WRITTEN = ("corpus", "run", "hf_model", "sweep", "loss.png", "demo_grid.yaml", MARKER)
 
@@ -83,6 +85,8 @@ def _step(name: str, argv: list[str]) -> None:
         rc = cli_main(argv)
     except SystemExit as exit_:  # the step's own one-line error (argparse's parser.exit) is above
         rc = exit_.code if isinstance(exit_.code, int) else 1
+    if rc == 130:  # the step was interrupted and said so: the demo is too (not an error of exit 2)
+        raise KeyboardInterrupt
     if rc != 0:
         raise CliError(f"demo step {name!r} failed (exit code {rc}); see the messages above")
     log.info("demo: %s done in %.0f s", name, time.monotonic() - started)
