@@ -14,6 +14,12 @@ class CliError(Exception):
     """
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM where a command stops as on Ctrl-C (its one line, how to go on), exiting 128 + 15."""
+
+    exit_code = 143
+
+
 # The packages whose `raise ValueError(...)` is a message to the user (what to change).
 OUR_PACKAGES = ("launch", "pipeline", "model")
 

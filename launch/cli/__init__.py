@@ -130,11 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         hint = getattr(module, "ON_DISK_FULL", "")
         parser.exit(1, f"bertpipe {command}: error: {message}{hint}\n")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         # One line, and how to continue: the command's partial output is left recognisably unfinished.
         hint = getattr(module, "ON_INTERRUPT", "run the same command again to start over")
-        print(f"bertpipe {command}: interrupted; {hint}", file=sys.stderr, flush=True)
+        code = getattr(err, "exit_code", 130)  # 143: SIGTERM, where a command turns it into this (`Terminated`)
+        print(f"bertpipe {command}: {'stopped by SIGTERM' if code == 143 else 'interrupted'}; {hint}",
+              file=sys.stderr, flush=True)
         if entry_point:
-            _end_within(EXIT_GRACE_S, command, 130)
-        return 130
+            _end_within(EXIT_GRACE_S, command, code)
+        return code
 

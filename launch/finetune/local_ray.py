@@ -27,10 +27,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -232,16 +233,45 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
         try:
-            yield
+            with _sigterm_as_interrupt():
+                yield
         finally:
             ray.shutdown()
         return
     local = LocalRay(num_cpus, temp_dir)
     logger.info("started a local Ray (%s CPUs, temp dir %s)", num_cpus or "all", local.temp_dir)
     try:
-        yield
+        with _sigterm_as_interrupt():
+            yield
     finally:
         local.stop()
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the driver as Ctrl-C does (finished trials kept, one line, exit 143). Ray's own handler,
+    set by `ray.init`, printed a stack dump and exited 1, or aborted (134) when the whole group got it."""
+    from launch.errors import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    received: list[int] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except KeyboardInterrupt:
+        if received:  # Tune re-raises a plain KeyboardInterrupt of its own
+            raise Terminated from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _cleanup(known: dict[int, int], token: str, temp_dir: Path, owned: bool) -> tuple[int, bool]:

@@ -142,15 +142,25 @@ def test_sigkill_of_the_driver_leaves_no_ray_behind_and_resume_keeps_the_finishe
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_sweep_is_one_line_and_exit_130(tiny_checkpoint, tmp_path, ray_temp):
+@pytest.mark.parametrize("sig,group,code,said", [
+    (signal.SIGINT, True, 130, "interrupted"),  # what a terminal's Ctrl-C does: the whole foreground group
+    # Ray's driver handler printed a stack dump and exited 1 (a scheduler stopping the driver), or aborted
+    # with 134 when the whole group got it (`timeout`, a pod's processes).
+    (signal.SIGTERM, True, 143, "stopped by SIGTERM"), (signal.SIGTERM, False, 143, "stopped by SIGTERM")],
+    ids=["sigint-group", "sigterm-group", "sigterm-driver"])
+def test_ctrl_c_or_sigterm_on_sweep_is_one_line_and_its_exit_code(tiny_checkpoint, tmp_path, ray_temp, sig, group,
+                                                                  code, said):
     out = tmp_path / "sweep"
     log = tmp_path / "sweep.err"
     driver = _start(_argv(tiny_checkpoint, out, ray_temp), log)
     try:
         _wait_for(out / "trials" / "sst2-bs32-ep1-lr5e-05-seed1" / RECORD, driver)  # the second trial is starting or running
         offset = log.stat().st_size
-        os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-        assert driver.wait(timeout=120) == 130
+        if group:
+            os.killpg(driver.pid, sig)
+        else:
+            driver.send_signal(sig)
+        assert driver.wait(timeout=120) == code
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
@@ -161,7 +171,7 @@ def test_ctrl_c_on_sweep_is_one_line_and_exit_130(tiny_checkpoint, tmp_path, ray
     # what it waited on (tested in test_one_writer_and_interrupts.py).
     if len(after) == 2 and after[1].startswith("bertpipe sweep: still exiting after "):
         after.pop()
-    assert len(after) == 1 and after[0].startswith("bertpipe sweep: interrupted; "), after
+    assert len(after) == 1 and after[0].startswith(f"bertpipe sweep: {said}; "), after
     assert "--resume" in after[0] and "Traceback" not in text
     assert not (out / "results.json").exists() and (out / "trials" / "sst2-bs32-ep1-lr5e-05-seed1" / RECORD).is_file()
     assert not ray_temp.exists()
