@@ -53,7 +53,7 @@ def clear_earlier_run(out: Path, names: Iterable[str]) -> list[str]:
     names = list(names)
     record = _read_record(out)
     written = record.get("written")
-    kept_then = set(record.get("kept", []))
+    kept_then = set(record["kept"]) if isinstance(record.get("kept"), list) else set()
     existing = files_under(out, names)
     if isinstance(written, list):  # a finished run: exactly its files
         ours = set(existing) & set(written)
