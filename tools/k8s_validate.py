@@ -275,9 +275,9 @@ def policy_findings(doc: Any, source: str) -> list[Finding]:
                     if mount.get("name") not in volumes:  # the API server refuses the pod
                         findings.append(Finding(source, name, f"{cpath}.volumeMounts[{k}]",
                                                 f"mounts volume {mount.get('name')!r}, which the pod does not define"))
+                findings += _gpu_request_findings(container.get("resources"), source, name, f"{cpath}.resources")
                 limits = (container.get("resources") or {}).get("limits") or {}
                 if "nvidia.com/gpu" in limits:
-                    findings += _gpu_request_findings(container.get("resources"), source, name, f"{cpath}.resources")
                     mounts = {m.get("name") for m in container.get("volumeMounts") or [] if m.get("mountPath") == "/dev/shm"}
                     if not mounts & shm_volumes:
                         findings.append(Finding(

@@ -38,11 +38,12 @@ def init_distributed() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     # DeepSpeed's barriers name no device; NCCL's warns that it takes the current one, which the trainer sets.
     warnings.filterwarnings("ignore", message=r"barrier\(\): using the device under current context")
-    if launcher_world_size() is not None:
+    launched = launcher_world_size() is not None
+    if launched:
         end_with_launcher()
     # Under mpirun (Kubeflow TrainJob/MPIJob, `deepspeed --launcher openmpi`) RANK is unset at start-up:
     # DeepSpeed discovers the ranks from MPI itself, so only a truly lone process gets a group of one.
-    if "RANK" not in os.environ and launcher_world_size() is None:
+    if "RANK" not in os.environ and not launched:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
     if not dist.is_initialized():

@@ -4,7 +4,6 @@ and what cannot be phase 1 of this run is refused in one line (test_pretrain_e2e
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
@@ -63,4 +62,3 @@ def test_another_architecture_vocabulary_or_a_checkpoint_without_heads_is_refuse
     save_pretrained(BertModel(BertConfig(**ARCH)), encoder_only, vocab_file=VOCAB)
     with pytest.raises(ValueError, match=r"lacks .*mlm.*; init_from needs a pre-training checkpoint"):
         load_init_from(str(encoder_only), BertConfig(**ARCH), VOCAB)
-    shutil.rmtree(encoder_only)
