@@ -364,8 +364,9 @@ def _remove_stopped_exports(out: Path) -> None:
 
     prefix = _partial_prefix(out)
     for path in out.parent.glob(glob.escape(prefix) + "*"):
-        pid = path.name[len(prefix):].split("-", 1)[0]
-        if path.is_dir() and not path.is_symlink() and pid.isdigit() and not pid_alive(int(pid)):
+        # PID-XXXXXXXX exactly, as `export_run`'s mkdtemp names it: nothing else of that prefix is touched.
+        made = re.fullmatch(r"(\d+)-[a-z0-9_]{8}", path.name[len(prefix):])
+        if made and path.is_dir() and not path.is_symlink() and not pid_alive(int(made.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             logger.info("removed %s, left by an export that was stopped", path)
 
