@@ -167,7 +167,7 @@ class PretrainConfig:
     """The whole pre-training run. `seed` seeds model init and dropout (the loader has its own)."""
 
     seed: int = 42  # seeds model init and dropout (the loader has its own data.seed)
-    deterministic: bool = False  # torch's deterministic kernels (docs/pretrain.md, "Run directory and checkpoints")
+    deterministic: bool = False  # torch's deterministic kernels; on CUDA measured less repeatable than off (docs/pretrain.md)
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
