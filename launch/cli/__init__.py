@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import threading
 import time
 from typing import Sequence
 
-from launch.errors import CliError, disk_full_message
+from launch.errors import CliError, Terminated, disk_full_message
 from launch.log import setup_logging
 
 # name -> (module, one-line help). Order is the order of the pipeline.
@@ -88,6 +89,18 @@ def _unwritable_out(err: BaseException, out: object) -> str | None:
     return f"{err.strerror}: {err.filename}" if inside else None
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM stops a command as Ctrl-C does: its cleanup runs, one line says how to go on, exit 143.
+    Without a handler it died at once, silently, mid-write; and as a container's PID 1 (the corpus and
+    download Jobs run `bertpipe` without an init) the kernel ignored it until the grace period's SIGKILL.
+    Commands that act on SIGTERM themselves (pretrain's checkpoint, the sweep's Ray driver) set their own
+    handler over this one while they run."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def stop(_signum: int, _frame: object) -> None:
+            raise Terminated
+        signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand. `argv` None: this is the process's entry point (the console script,
     `python -m launch.cli`), which may bound its own exit after Ctrl-C; tests pass `argv`."""
@@ -102,15 +115,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Before the parser is built: building it imports the command's config (and, for corpus, Beam).
     setup_logging()
+    if entry_point:
+        _stop_on_sigterm()
     try:
         parser = build_parser(command)
         args = parser.parse_args(rest)
         module = importlib.import_module(COMMANDS[command][0])
-    except KeyboardInterrupt:  # during the imports, before anything was written
-        print(f"bertpipe {command}: interrupted before it started", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as err:  # during the imports, before anything was written
+        code = getattr(err, "exit_code", 130)
+        print(f"bertpipe {command}: {'stopped by SIGTERM' if code == 143 else 'interrupted'} before it started",
+              file=sys.stderr, flush=True)
         if entry_point:
-            _end_within(EXIT_GRACE_S, command, 130)
-        return 130
+            _end_within(EXIT_GRACE_S, command, code)
+        return code
     try:
         return int(module.run(args) or 0)
     except CliError as err:

@@ -24,7 +24,7 @@ import logging
 import types
 
 from launch.config_flags import add_config_flags, config_from_args, flag_of, given_flags, warn_deprecated
-from launch.errors import CliError
+from launch.errors import CliError, Terminated
 from launch.log import setup_logging
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CliError(str(err)) from err
     except RuntimeError as err:
-        # Beam re-raises a Ctrl-C inside a DoFn as RuntimeError("KeyboardInterrupt [while running ...]").
+        # Beam re-raises a Ctrl-C inside a DoFn as RuntimeError("KeyboardInterrupt [while running ...]"), and
+        # SIGTERM's `Terminated` (set by launch.cli) as RuntimeError("launch.errors.Terminated [while ...]").
+        if f"{Terminated.__module__}.{Terminated.__name__}" in str(err):
+            raise Terminated from None
         if "KeyboardInterrupt" in str(err):
             raise KeyboardInterrupt from None
         raise

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from launch.cli import main as cli_main
-from launch.errors import CliError
+from launch.errors import CliError, Terminated
 from launch.log import get_logger, setup_logging
 from pipeline.output_lock import LOCK_NAME, OutputLock, OutputLocked, mark_output
 
@@ -87,6 +87,8 @@ def _step(name: str, argv: list[str]) -> None:
         rc = exit_.code if isinstance(exit_.code, int) else 1
     if rc == 130:  # the step was interrupted and said so: the demo is too (not an error of exit 2)
         raise KeyboardInterrupt
+    if rc == Terminated.exit_code:  # likewise, by SIGTERM
+        raise Terminated
     if rc != 0:
         raise CliError(f"demo step {name!r} failed (exit code {rc}); see the messages above")
     log.info("demo: %s done in %.0f s", name, time.monotonic() - started)

@@ -40,18 +40,19 @@ def test_a_failed_step_is_named_by_the_demo(tmp_path, capsys):
     assert "bertpipe corpus: error:" in capsys.readouterr().err  # the step's own line, above the demo's
 
 
-def test_an_interrupted_step_interrupts_the_demo_and_says_how_to_go_on(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("code, said", [(130, "interrupted"), (143, "stopped by SIGTERM")])
+def test_an_interrupted_step_interrupts_the_demo_and_says_how_to_go_on(tmp_path, capsys, monkeypatch, code, said):
     # Ctrl-C in the sweep step was "demo step 'sweep' failed (exit code 130)", exit 2, under the sweep's
-    # "plus --resume", a flag the demo refuses.
+    # "plus --resume", a flag the demo refuses; SIGTERM's 143 was that too.
     from launch.cli import demo
 
-    monkeypatch.setattr(demo, "cli_main", lambda argv: 130)
+    monkeypatch.setattr(demo, "cli_main", lambda argv: code)
     with pytest.raises(KeyboardInterrupt):
         demo._step("sweep", ["sweep"])
     monkeypatch.setattr(demo, "_run", lambda args, out: demo._step("sweep", ["sweep"]))
-    assert cli.main(["demo", "--out", str(tmp_path / "d")]) == 130
+    assert cli.main(["demo", "--out", str(tmp_path / "d")]) == code
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "bertpipe demo: interrupted; run the same demo command again (no --resume): it continues where it stopped")
+        f"bertpipe demo: {said}; run the same demo command again (no --resume): it continues where it stopped")
 
 
 def test_fresh_deletes_the_demo_outputs_and_keeps_the_rest(tmp_path):

@@ -63,20 +63,25 @@ def test_second_corpus_on_a_locked_out_is_refused_and_the_first_finishes_intact(
         assert sha256_file(out / shard["path"]) == shard["sha256"], shard["path"]
 
 
-def test_ctrl_c_on_corpus_is_one_line_and_exit_130(tmp_path):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_on_corpus_is_one_line(tmp_path, stop):
     out = tmp_path / "interrupted"
     proc, err = _start_corpus(out, tmp_path)
     try:
         _wait_for(out / ".bertpipe-tmp", proc)  # the Beam job is running
         time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-        assert proc.wait(timeout=120) == 130
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        else:
+            os.kill(proc.pid, signal.SIGTERM)  # `kill PID`, or Kubernetes stopping a pod: the process alone
+        assert proc.wait(timeout=120) == {"ctrl-c": 130, "sigterm": 143}[stop]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     err.seek(0)
     lines = [line for line in err.read().splitlines() if " INFO " not in line]
-    assert len(lines) == 1 and lines[0].startswith("bertpipe corpus: interrupted; "), lines
+    said = {"ctrl-c": "interrupted", "sigterm": "stopped by SIGTERM"}[stop]
+    assert len(lines) == 1 and lines[0].startswith(f"bertpipe corpus: {said}; "), lines
     assert "no manifest.json" in lines[0] and not (out / "manifest.json").exists()
     assert not (out / LOCK_NAME).exists()
 
@@ -147,6 +152,57 @@ def test_a_thread_that_never_ends_cannot_hold_the_exit_after_ctrl_c(tmp_path):
     assert done.stderr.splitlines() == [
         "bertpipe stuck: interrupted; run the same command again to start over",
         "bertpipe stuck: still exiting after 1 s (waiting on threads: stuck-library-thread); ended the process"]
+
+
+SIGTERM_ITSELF = """
+import os, signal, sys, types
+from launch import cli
+
+when, marker = sys.argv[1:]
+
+def run(args):
+    with open(marker, "w") as out:  # a finally of the command's: SIGTERM used to skip it, dying at once
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()
+        finally:
+            out.write("cleaned up")
+
+command = types.ModuleType("terminated_command")
+command.add_arguments, command.run = (lambda parser: None), run
+command.ON_INTERRUPT = "run it again"
+sys.modules["terminated_command"] = command
+cli.COMMANDS["terminated"] = ("terminated_command", "gets SIGTERM")
+if when == "while-importing":
+    def build_parser(name):
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+    cli.build_parser = build_parser
+sys.argv = ["bertpipe", "terminated"]
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.parametrize("when", ["while-running", "while-importing"])
+def test_sigterm_stops_a_command_as_ctrl_c_does_with_exit_143(tmp_path, when):
+    """`kill PID` (or Kubernetes stopping a pod) killed export, features, finetune, corpus and download at
+    once: no line, no cleanup; and a container's PID 1 ignored it until SIGKILL."""
+    marker = tmp_path / "marker"
+    done = subprocess.run([sys.executable, "-c", SIGTERM_ITSELF, when, str(marker)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 143
+    if when == "while-running":
+        assert done.stderr.splitlines() == ["bertpipe terminated: stopped by SIGTERM; run it again"]
+        assert marker.read_text() == "cleaned up"
+    else:
+        assert done.stderr.splitlines() == ["bertpipe terminated: stopped by SIGTERM before it started"]
+
+
+def test_a_sigterm_handler_of_the_caller_s_is_kept():
+    """Only a default SIGTERM is replaced: a program embedding bertpipe keeps its own handler."""
+    code = ("import signal, sys; from launch import cli; mine = lambda *a: None; signal.signal(signal.SIGTERM, mine); "
+            "cli._stop_on_sigterm(); sys.exit(0 if signal.getsignal(signal.SIGTERM) is mine else 1)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
 def test_main_called_with_argv_leaves_its_caller_s_exit_alone(monkeypatch, capsys):
