@@ -154,17 +154,18 @@ def _windows(n: int, max_doc: int, stride: int) -> list[tuple[int, int]]:
         start += min(length, stride)
 
 
-def _is_max_context(spans: Sequence[tuple[int, int]], cur: int, pos: int) -> bool:
-    """Whether window `cur` gives token `pos` the most context (min of left/right, ties to longer window)."""
-    best_score, best = None, None
+def _max_context_windows(spans: Sequence[tuple[int, int]], n: int) -> list[int]:
+    """For each of the `n` document tokens, the window that gives it the most context: the largest
+    min(left, right) plus 0.01 x the window's length (ties: the first). Each window scores only its own
+    tokens, so a long document costs its tokens times the windows' overlap, not tokens times windows."""
+    best_score, best = [-1.0] * n, [-1] * n
     for i, (start, length) in enumerate(spans):
         end = start + length - 1
-        if pos < start or pos > end:
-            continue
-        score = min(pos - start, end - pos) + 0.01 * length
-        if best_score is None or score > best_score:
-            best_score, best = score, i
-    return cur == best
+        for pos in range(start, end + 1):
+            score = min(pos - start, end - pos) + 0.01 * length
+            if score > best_score[pos]:
+                best_score[pos], best[pos] = score, i
+    return best
 
 
 def _answer_tokens(offsets: Sequence[tuple[int, int]], start_char: int, end_char: int) -> tuple[int, int] | None:
@@ -210,13 +211,14 @@ def build_features(
                 skipped.append(ex.guid)
                 continue
         spans = _windows(len(doc_ids), max_doc, _stride(max_doc, doc_stride))
+        best_window = _max_context_windows(spans, len(doc_ids))
         for w, (start, length) in enumerate(spans):
             head = [cls_id] + q_ids + [sep_id]
             ids = head + doc_ids[start : start + length] + [sep_id]
             types = [0] * len(head) + [1] * (length + 1)
             offsets: list[tuple[int, int] | None] = [None] * len(head)
             offsets += [tuple(doc_offsets[i]) for i in range(start, start + length)] + [None]
-            max_ctx = [False] * len(head) + [_is_max_context(spans, w, start + i) for i in range(length)] + [False]
+            max_ctx = [False] * len(head) + [best_window[start + i] == w for i in range(length)] + [False]
             feat = QAFeature(index, ids, types, offsets, max_ctx)
             if answer is not None:
                 a_start, a_end = answer

@@ -128,6 +128,28 @@ def test_squad_windows_cover_the_context_with_stride(tokenizer):
     assert len(owners) == len(tokenizer.encode(examples[0].context, add_special_tokens=False).ids)
 
 
+def _max_context_by_definition(spans, cur, pos):
+    """BERT's `_check_is_max_context`, checking every window for each token (quadratic in a long document)."""
+    best_score, best = None, None
+    for i, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if start <= pos <= end:
+            score = min(pos - start, end - pos) + 0.01 * length
+            if best_score is None or score > best_score:
+                best_score, best = score, i
+    return cur == best
+
+
+@pytest.mark.parametrize("n, max_doc, stride", [(1, 5, 2), (50, 10, 3), (50, 10, 10), (97, 20, 7), (64, 64, 16),
+                                                 (300, 31, 1)])
+def test_squad_max_context_window_is_the_reference_s(n, max_doc, stride):
+    spans = squad._windows(n, max_doc, stride)
+    best = squad._max_context_windows(spans, n)
+    for w, (start, length) in enumerate(spans):
+        for pos in range(start, start + length):
+            assert (best[pos] == w) == _max_context_by_definition(spans, w, pos), (w, pos)
+
+
 def test_squad_question_is_cut_to_max_query_length(tokenizer):
     # A long question takes at most --max-query-length tokens, leaving the rest of the window to the context.
     question = "what is the name of the very long question that goes on and on here"
