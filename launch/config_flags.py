@@ -132,7 +132,8 @@ def flag_of(key: str) -> str:
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: dict[str, str] | None = None,
                      aliases: dict[str, Sequence[str]] | None = None, skip: Sequence[str] = (),
-                     required: Sequence[str] = (), config_help: str | None = None) -> None:
+                     required: Sequence[str] = (), config_help: str | None = None,
+                     help_texts: dict[str, str] | None = None) -> None:
     """Add `--config` and one flag per field of dataclass `cls` (see the module docstring).
 
     flag_names: dotted field -> flag, where a command keeps a name users know (`inputs` -> `--input`).
@@ -140,8 +141,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: 
     skip: dotted fields that get no flag (the command sets them itself).
     required: dotted fields the command needs (from a flag or --config): their help says "required", not
       the empty default.
+    help_texts: dotted field -> the help a command gives it instead of the field's comment (a sweep's
+      `--out` is not one fine-tuning run's).
     """
-    flag_names, aliases = flag_names or {}, aliases or {}
+    flag_names, aliases, help_texts = flag_names or {}, aliases or {}, help_texts or {}
     parser.add_argument("--config", metavar="FILE.yaml", default=None,
                         help=config_help or f"a YAML file of {cls.__name__} fields; flags given here win")
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -155,6 +158,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, flag_names: 
             if section not in groups:
                 groups[section] = parser.add_argument_group(f"{section} (--{section}.KEY VALUE)")
             target = groups[section]
+        help_text = help_texts.get(dotted, help_text)
         default = _default_of(f)
         shown = "required" if dotted in required else f"default: {'null' if default is None else json_like(default)}"
         kwargs: dict[str, Any] = dict(dest=_PREFIX + dotted, default=argparse.SUPPRESS,

@@ -45,8 +45,8 @@ class BertConfig:
         inside attention. Hidden states at padded positions are then zeros.
       varlen_dropout: with unpad on CUDA in 16-bit, run varlen flash attention also when training
         with attention dropout (the paper's 0.1) through `aten._flash_attention_forward`. Off here
-        (the block is re-padded for attention); on in the bert-large-phase1 preset, where it measured
-        1.14x the re-padded step on an H200 (docs/PERFORMANCE.md).
+        (the block is re-padded for attention); on in the bert-large-phase1 and -phase2 presets (phase 1
+        measured 1.14x the re-padded step on an H200, docs/PERFORMANCE.md).
       pad_vocab_multiple: pad the embedding / MLM decoder rows to a multiple of this (64 helps
         tensor cores); logits are always trimmed to `vocab_size` and export trims the weights.
     """

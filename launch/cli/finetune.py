@@ -28,11 +28,13 @@ from launch.finetune.finetune_config import FinetuneConfig
 USAGE = "bertpipe finetune --task TASK --data-dir DIR --checkpoint CKPT --out OUT [--config FILE.yaml] [--KEY VALUE ...]"
 
 
-def add_finetune_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+def add_finetune_arguments(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = (),
+                           help_texts: dict[str, str] | None = None) -> None:
     """The flags shared by `finetune` and `sweep` (a sweep applies them to every trial)."""
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help=argparse.SUPPRESS)  # deprecated form of --KEY VALUE
-    add_config_flags(parser, FinetuneConfig, skip=skip, required=("task", "data_dir", "checkpoint", "out"))
+    add_config_flags(parser, FinetuneConfig, skip=skip, required=("task", "data_dir", "checkpoint", "out"),
+                     help_texts=help_texts)
 
 
 ON_INTERRUPT = "OUT has no metrics.json; run the same command again to start over"

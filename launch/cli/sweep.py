@@ -54,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="temp dir of the local Ray (default: a fresh private one); deleted at the end if bertpipe created it")
     parser.add_argument("--save-models", action="store_true", help="keep every trial's fine-tuned model")
     # each trial keeps its model only with --save-models, and runs without a progress bar (Ray collects the logs)
-    add_finetune_arguments(parser, skip=("task", "save_model", "progress"))
+    add_finetune_arguments(parser, skip=("task", "save_model", "progress"), help_texts={
+        "out": "sweep directory: results.md, results.json, sweep.png, sweep_config.json, tune/ (Ray Tune's state) "
+               "and trials/<trial>/ (each a fine-tuning run's output)"})
 
 
 def _sets_max_seq_len(args: argparse.Namespace, cfg: FinetuneConfig) -> bool:

@@ -186,3 +186,15 @@ def test_two_spellings_of_one_field_must_agree(capsys):
     assert "--speed 2 and --inner.rate 40 set the same field; give one of them" in capsys.readouterr().err
     _, args = _parse(["--inner.rate", "2", "--inner.rate", "3"], aliases={"inner.rate": ["--speed"]})
     assert given_flags(args) == {"inner": {"rate": 3}}  # one spelling repeated: the last wins, as argparse does
+
+
+def test_a_sweep_s_out_is_described_as_the_sweep_s_not_one_run_s():
+    """`bertpipe sweep --help` described --out with fine-tuning's files (metrics.json, the model), which a
+    sweep writes only per trial."""
+    from launch.cli import build_parser
+
+    def out_help(command):
+        return next(a.help for a in build_parser(command)._actions if "--out" in a.option_strings)
+
+    assert "results.json" in out_help("sweep") and "trials/<trial>/" in out_help("sweep")
+    assert "metrics.json" in out_help("finetune") and "results.json" not in out_help("finetune")
