@@ -105,11 +105,19 @@ def sniff_format(sample: bytes) -> str:
 _INNER_SENTENCE_END = re.compile(r"\w[.!?][\"'\u201d)]?\s+[\"\u201c(]?[A-Z]")
 
 
+def _looks_utf16(head: bytes) -> bool:
+    """Mostly ASCII as UTF-16 without a byte-order mark: NUL in nearly every other byte, on one side."""
+    even, odd = head[0::2], head[1::2]
+    return max(even.count(0) / max(len(even), 1), odd.count(0) / max(len(odd), 1)) > 0.9
+
+
 def why_not_text(sample: bytes) -> str | None:
     """Why the first 8 KiB are not UTF-8 text (NUL bytes, or mostly undecodable bytes), or None."""
     head = sample[:8192]
     if not head:
         return None
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or (b"\x00" in head and _looks_utf16(head)):
+        return "UTF-16 text (every other byte NUL); convert it to UTF-8: iconv -f utf-16 -t utf-8"
     if b"\x00" in head:
         return "NUL bytes in its first 8 KiB"
     text = head.decode("utf-8", errors="replace")
@@ -117,6 +125,18 @@ def why_not_text(sample: bytes) -> str | None:
         return ("over 10% of its first 8 KiB is not UTF-8; if it is text in another encoding (e.g. Latin-1), "
                 "convert it: iconv -f latin1 -t utf-8")
     return None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(text: str, stats: ReadStats) -> str:
+    """JSON's `\\ud83d` escapes decode to lone surrogates (an emoji cut in half), which no UTF-8 encoder
+    takes: repaired to U+FFFD like invalid UTF-8 bytes, where they stopped the whole job."""
+    if not _LONE_SURROGATE.search(text):
+        return text
+    stats.inc("documents_invalid_utf8_repaired")
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def _decode(data: bytes, stats: ReadStats) -> str:
@@ -238,7 +258,8 @@ def _wiki_pages(stream, name, source, max_bytes, stats) -> Iterator[Record]:
 
 def _wiki_page(page_xml: bytes, name: str, source: str, stats: ReadStats) -> Iterator[Record]:
     try:
-        page = parse_page(page_xml)
+        # Decoded here, not by the XML parser, which drops a whole page over one invalid byte.
+        page = parse_page(_decode(page_xml, stats))
     except Exception as err:  # ElementTree raises ParseError and, on odd input, ValueError
         match = re.search(rb"<id>\s*(\d+)\s*</id>", page_xml)
         ident = match.group(1).decode() if match else "?"
@@ -266,20 +287,24 @@ _GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$",
 
 
 def _book(stream, name, source, max_bytes, stats) -> Iterator[Record]:
-    parts, size, cut = [], 0, None
+    parts, size, cut, too_large = [], 0, None, False
     try:
         for chunk in stream:
             size += len(chunk)
             if size > max_bytes:
-                for _ in stream:  # drain without holding
-                    pass
-                yield Skip(source, name, "document_too_large", f"over {max_bytes} bytes")
-                return
+                too_large = True
+                break
             parts.append(chunk)
     except CorruptStream as err:
         if not err.truncated:  # damaged: the book is not read at all
             raise
         cut = err  # a compressed book cut short is still most of a book: kept, its skip counted after it
+    if too_large:  # none of it is read; the drain below (outside the try) still raises a damaged tail
+        parts.clear()
+        yield Skip(source, name, "document_too_large", f"over {max_bytes} bytes")
+        for _ in stream:  # drain without holding
+            pass
+        return
     text = _decode(b"".join(parts), stats).replace("\r\n", "\n")
     start, end = _GUTENBERG_START.search(text), _GUTENBERG_END.search(text)
     if start:
@@ -346,7 +371,8 @@ def _jsonl(stream, name, source, max_bytes, stats) -> Iterator[Record]:
             yield Skip(source, fallback_id, "json_without_text")
             continue
         doc_id = f"{name}:{obj['id']}" if isinstance(obj.get("id"), (str, int)) else fallback_id
-        paragraphs = [" ".join(p.split()) for p in obj["text"].split("\n")]
+        doc_id = _LONE_SURROGATE.sub("\ufffd", doc_id)
+        paragraphs = [" ".join(p.split()) for p in _without_lone_surrogates(obj["text"], stats).split("\n")]
         paragraphs = [p for p in paragraphs if p]
         if paragraphs:
             yield RawDocument(doc_id, paragraphs)

@@ -71,8 +71,9 @@ class WikiPage:
     text: str
 
 
-def parse_page(page_xml: bytes) -> WikiPage:
-    """One `<page>...</page>` element of a pages-articles dump. Raises `ET.ParseError` if malformed."""
+def parse_page(page_xml: bytes | str) -> WikiPage:
+    """One `<page>...</page>` element of a pages-articles dump (UTF-8 bytes, or text). Raises `ET.ParseError`
+    if malformed."""
     elem = ET.fromstring(page_xml)
     # Pages cut out of the dump carry no namespace prefix; strip one if a caller kept it.
     for node in elem.iter():

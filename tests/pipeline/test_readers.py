@@ -159,6 +159,40 @@ def test_invalid_utf8_is_repaired_not_dropped():
     assert "\ufffd" in docs[0].segments[0]
 
 
+def test_a_wiki_page_with_an_invalid_byte_is_repaired_not_dropped():
+    # The XML parser took the raw bytes and dropped the page as malformed_xml ("not well-formed").
+    dump = wiki(page(1, PROSE), page(2, PROSE.replace("lazy", "la\x00zy")), page(3, PROSE))
+    docs, skips, counts = read(dump.replace(b"la\x00zy", b"la\xe9zy"))
+    assert [d.doc_id.split("#")[1] for d in docs] == ["1", "2", "3"] and not skips
+    assert counts["documents_invalid_utf8_repaired"] == 1 and "la\ufffdzy" in docs[1].segments[0]
+
+
+def test_a_lone_surrogate_escape_in_json_lines_is_repaired_not_fatal():
+    # "\ud83d" (half an emoji) decodes to a lone surrogate, which stopped the whole job at the tokenizer's encode.
+    lines = [json.dumps({"id": 1, "text": PROSE}), '{"id": "x\\ud83d", "text": "A cut \\ud83d emoji. ' + PROSE + '"}']
+    docs, skips, counts = read("\n".join(lines).encode(), fmt="jsonl")
+    assert len(docs) == 2 and not skips and counts["documents_invalid_utf8_repaired"] == 1
+    assert docs[1].doc_id.endswith(":x\ufffd") and docs[1].segments[0].startswith("A cut \ufffd emoji.")
+    for doc in docs:
+        "".join([doc.doc_id, *doc.segments]).encode("utf-8")  # what the tokenizer and the Arrow writer do
+
+
+def test_a_compressed_book_over_the_cap_and_cut_short_is_skipped_as_too_large_not_read_in_part():
+    text = "\n\n".join(f"{PROSE} Paragraph {i}." for i in range(20000)).encode()
+    packed = gzip.compress(text)
+    _, skips, _ = read(packed, fmt="text", max_bytes=len(text) // 2)
+    assert [s.reason for s in skips] == ["document_too_large"]
+    docs, skips, _ = read(packed[:-2000], fmt="text", max_bytes=len(text) // 2)
+    assert docs == [] and [s.reason for s in skips] == ["document_too_large", "corrupt_compression"]
+
+
+def test_utf16_text_is_skipped_with_how_to_convert_it():
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be"):
+        _, skips, _ = read((PROSE + "\n\n") .encode(encoding) * 50)
+        assert [s.reason for s in skips] == ["binary_file"], encoding
+        assert "UTF-16" in skips[0].detail and "iconv -f utf-16 -t utf-8" in skips[0].detail
+
+
 def test_binary_and_empty_files_are_skipped():
     _, skips, _ = read(bytes(range(256)) * 40)
     assert [s.reason for s in skips] == ["binary_file"] and skips[0].detail == "NUL bytes in its first 8 KiB"
