@@ -139,7 +139,9 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
     if strays:
         raise ValueError(f"--out {out} holds {', '.join(sorted(strays)[:3])}{' ...' if len(strays) > 3 else ''} "
                          "beside an earlier corpus, which bertpipe did not write: move it out, or choose another --out")
-    for name in names:
+    # What proves the folder ours goes last (the manifest, then the unfinished-job folder): a run killed while
+    # it deletes leaves OUT still ours to its rerun, not a few bare shards the rerun must refuse as a user's.
+    for name in sorted(names, key=lambda n: (n == TMP, n == "manifest.json")):
         if name == DEAD_LETTER:
             _delete_dead_letters(out, entries[name])
         elif is_remote(out):

@@ -412,3 +412,42 @@ def test_text_without_sentence_ends_is_counted_and_warned_not_silently_cut(tmp_p
     counters = json.loads((tmp_path / "prose" / "manifest.json").read_text())["counters"]
     assert counters.get("tokens_beyond_seq_len", 0) < 0.25 * counters["tokens"]  # long sentences, but sentences
     assert "left out" not in capsys.readouterr().err
+
+
+def test_a_rerun_killed_while_it_deletes_the_earlier_corpus_is_still_ours_to_the_next(tmp_path, data_dir, monkeypatch):
+    """The manifest, the proof that OUT is ours, was deleted before the shards (in listing order): a run killed
+    between left shards every later rerun refused as "which bertpipe corpus did not write"."""
+    from pipeline import corpus_output
+
+    out = tmp_path / "corpus"
+    argv = ["corpus", "--input", str(data_dir / "books" / "persuasion.txt"),
+            "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"), "--out", str(out),
+            "--seq-len", "64", "--dupe-factor", "1", "--progress-seconds", "0", "--num-shards", "3"]
+    assert cli.main(argv) == 0
+    (out / ".bertpipe-tmp").mkdir()  # as a killed earlier rerun leaves it: every kind of entry there
+    vocab_text = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text()
+    real_delete, deleted = corpus_output.delete_tree, []
+
+    def killed_after(n):
+        def delete(path):
+            if len(deleted) == n:
+                raise KeyboardInterrupt  # the kill, as the n+1-th entry is deleted
+            deleted.append(path)
+            real_delete(path)
+        return delete
+
+    for n in range(10):
+        monkeypatch.setattr(corpus_output, "delete_tree", killed_after(n))
+        deleted.clear()
+        try:
+            corpus_output.clear_previous_output(str(out), None, vocab_text)
+        except KeyboardInterrupt:
+            pass
+        else:
+            break
+        # the next run sees a corpus of ours, finished or not, and may clear it
+        monkeypatch.setattr(corpus_output, "delete_tree", real_delete)
+        assert (out / "manifest.json").is_file() or (out / ".bertpipe-tmp").is_dir(), (n, deleted)
+        assert cli.main(argv) == 0, n
+        (out / ".bertpipe-tmp").mkdir()
+    assert n > 3  # every entry was tried
