@@ -8,8 +8,10 @@ verified by its HTTP length (a cut-off transfer resumes with Range like any othe
 having both the START and END markers (a truncated file lacks END); the raw and stripped sha256
 go into `download.json` so later copies can be compared.
 
-A book in progress is `gutenberg/<id>.txt.partial(.part)` (ignored by the corpus reader); only the
-stripped text is written as `gutenberg/<id>.txt`, atomically, and never over a `<id>.txt` holding
+A book in progress is in `gutenberg/.bertpipe-partial/` (the raw download, its `.part`, the stripped
+text before it is published; a hidden folder, which the corpus reader does not enter, and everything in
+it is bertpipe's: a killed run's leftovers there are deleted by the rerun, and the folder once the run
+ends); only the stripped text is written as `gutenberg/<id>.txt`, atomically, and never over a `<id>.txt` holding
 other text (a user's copy, or ours edited since: a counted skip saying to move it aside). Books that
 are missing on the mirror or not in Gutenberg's format are counted skips with their reason,
 recorded in `download.json`.
@@ -17,11 +19,11 @@ recorded in `download.json`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import io
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ from pipeline.download.retry import Cancel
 logger = logging.getLogger(__name__)
 
 DEFAULT_MIRROR = "https://www.gutenberg.org"
+IN_PROGRESS = ".bertpipe-partial"  # under gutenberg/: the books being fetched; nothing else goes there
 CATALOG_PATH = "cache/epub/feeds/pg_catalog.csv"
 SOURCE_KEY = "gutenberg"
 
@@ -183,6 +186,8 @@ def download_books(
         }
         # Recorded even after a fatal error, so what did finish is in the manifest.
         update_manifest(out, SOURCE_KEY, source, entries, drop=stale)
+        with contextlib.suppress(OSError):  # not empty: a book's .part kept for its resume
+            (book_dir / IN_PROGRESS).rmdir()
     logger.info(
         "gutenberg: %d written, %d already there, %d skipped, %d failed, into %s",
         len(result.written), len(result.already), len(result.skipped), len(result.failed), book_dir,
@@ -194,12 +199,18 @@ def _fetch_book(
     book: Book, dest: Path, mirror: str, policy: RetryPolicy, progress: ByteProgress, cancel: Cancel
 ) -> tuple[dict[str, Any], bool]:
     """The book's manifest entry, and whether `dest` was written (False: it already held exactly this text)."""
-    raw_dest = dest.with_name(dest.name + ".partial")
-    if raw_dest.exists():
+    legacy = dest.with_name(dest.name + ".partial")  # where versions before IN_PROGRESS fetched a book
+    if legacy.exists():
         # Left by a run killed between the download and its clean-up (or someone's file of that name): said
         # before downloading, as the download could never be published over it.
-        raise ExistingFileError(f"{raw_dest} is left from an interrupted download (or is not bertpipe's); "
+        raise ExistingFileError(f"{legacy} is left from an interrupted download (or is not bertpipe's); "
                                 "delete or move it and rerun to fetch the book")
+    work = dest.parent / IN_PROGRESS
+    raw_dest, tmp = work / dest.name, work / f"{dest.name}.partial"
+    for left in (raw_dest, tmp):  # a killed run's finished download or stripped text: ours, redone
+        if left.exists():
+            logger.info("removing %s, left by an interrupted download", left)
+            left.unlink()
     fetched = None
     for url in book_urls(mirror, book.id):
         try:
@@ -226,7 +237,6 @@ def _fetch_book(
             "it); move it aside and rerun to fetch the book"
         )
     if wrote:
-        tmp = dest.with_name(dest.name + f".{os.getpid()}.partial")
         try:
             tmp.write_bytes(data)
         except OSError as err:

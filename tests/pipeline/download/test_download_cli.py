@@ -195,6 +195,30 @@ def test_a_raw_book_left_by_a_killed_run_is_named_before_downloading(mirror, tmp
     assert len(mirror.log) == before and (out / "gutenberg" / "105.txt.partial").read_bytes() == b"raw book text"
 
 
+def test_a_book_killed_before_it_was_published_is_fetched_by_the_rerun(mirror, tmp_path: Path, capsys,
+                                                                       monkeypatch) -> None:
+    # Killed after the raw download, before the book was published: `105.txt.partial` was left in gutenberg/,
+    # and every rerun skipped the book with exit 0 as "not bertpipe's", so it never arrived.
+    from pipeline.download import gutenberg
+
+    out = tmp_path / "raw"
+    real_publish = gutenberg.publish
+
+    def killed(part, dest):
+        raise KeyboardInterrupt  # the kill, as the stripped book is published
+
+    monkeypatch.setattr(gutenberg, "publish", killed)
+    rc, _, _ = _run(["download", "books", "--ids", "105", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 130
+    left = sorted(p.name for p in (out / "gutenberg" / gutenberg.IN_PROGRESS).iterdir())
+    assert left == ["105.txt", "105.txt.partial"]  # the raw download and the stripped text, in our own folder
+    monkeypatch.setattr(gutenberg, "publish", real_publish)
+    rc, stdout, err = _run(["download", "books", "--ids", "105", "--out", str(out), "--mirror", mirror.url, *FAST], capsys)
+    assert rc == 0, err
+    assert "1 book(s) written" in stdout, stdout
+    assert sorted(p.name for p in (out / "gutenberg").iterdir()) == ["105.txt"]  # the folder removed once empty
+
+
 def test_a_book_file_that_appears_while_the_book_is_written_is_not_replaced(mirror, tmp_path: Path, capsys,
                                                                             monkeypatch) -> None:
     # The name was free when checked; a file put there before the publish step (another program, the
@@ -205,7 +229,7 @@ def test_a_book_file_that_appears_while_the_book_is_written_is_not_replaced(mirr
 
     def write_then_someone_else_takes_the_name(self: Path, data: bytes) -> int:
         written = write_bytes(self, data)
-        if self.name.startswith("105.txt.") and self.name.endswith(".partial") and not dest.exists():
+        if self.name == "105.txt.partial" and not dest.exists():
             write_bytes(dest, b"my own copy\n")
         return written
 
