@@ -23,6 +23,7 @@ its vocabulary.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 META = "bertpipe.json"  # our metadata in each checkpoint folder
+META_SEAL = "meta_sha256"  # in META: the sha256 of the rest of it, so that an edit or damage there is caught too
 RUN_MARKER = ".bertpipe-run"  # in a run directory `pretrain` made: it may rewrite RUN_FILES there
 RUN_FILES = ("config.yaml", "ds_config.json", "vocab.txt", "metrics.jsonl", "tensorboard", "checkpoints")
 EXPORT_MARKER = "bertpipe_export.json"  # in an export: proves bertpipe wrote it, from which run, which files
@@ -80,7 +82,18 @@ def read_latest(ckpt_dir: Path) -> str | None:
         return None
 
 
+def _meta_digest(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != META_SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def sealed(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` with the sha256 of its own content: the one file of a checkpoint the file records cannot cover."""
+    return {**meta, META_SEAL: _meta_digest(meta)}
+
+
 def read_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:
+    """A checkpoint's metadata, checked against its own sha256 (metadata saved before the seal has none)."""
     path = ckpt_dir / tag / META
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
@@ -90,6 +103,8 @@ def read_meta(ckpt_dir: Path, tag: str) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON ({err}); the checkpoint's metadata is damaged") from None
     if not isinstance(meta, dict) or "step" not in meta:
         raise ValueError(f"{path} is not bertpipe checkpoint metadata (no step)")
+    if META_SEAL in meta and meta[META_SEAL] != _meta_digest(meta):
+        raise ValueError(f"{path} does not match the sha256 it records of itself ({META_SEAL}): edited or damaged")
     return meta
 
 

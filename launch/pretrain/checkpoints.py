@@ -35,7 +35,7 @@ import torch.distributed as dist
 from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
 
 from launch.checkpoint_dirs import (  # noqa: F401 (read_meta, read_latest: the names callers know)
-    META, check_tensor_files, file_records, read_latest, read_meta, tag_for, tag_step,
+    META, check_tensor_files, file_records, read_latest, read_meta, sealed, tag_for, tag_step,
 )
 from launch.pretrain.hf_export import FORCE_WEIGHTS_ONLY, NO_FORCE_WEIGHTS_ONLY, load_checkpoint_file
 from pipeline.atomic_write import write_text_atomic
@@ -88,7 +88,7 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any], vocab_fil
         shutil.copyfile(vocab_file, staging / tag / "vocab.txt")
         # Recorded so that a resume or an export can tell a cut-short or damaged file and fall back.
         meta = {**meta, "files": file_records(staging / tag)}
-        write_text_atomic(staging / tag / META, json.dumps(meta, indent=2, sort_keys=True))
+        write_text_atomic(staging / tag / META, json.dumps(sealed(meta), indent=2, sort_keys=True))
         if final.exists():  # re-saving a step (e.g. after a resume): the old copy goes last
             old = ckpt_dir / f".old-{tag}"
             shutil.rmtree(old, ignore_errors=True)

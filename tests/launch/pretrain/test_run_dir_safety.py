@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from built_once import built_once
+from launch.checkpoint_dirs import sealed
 from repo_paths import GLUE
 
 BERTPIPE = Path(sys.executable).with_name("bertpipe")
@@ -74,7 +75,7 @@ def poison(run: Path, name: str, marker: Path) -> Path:
     torch.save(state, path)
     meta = json.loads((folder / "bertpipe.json").read_text())
     meta["files"][name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-    (folder / "bertpipe.json").write_text(json.dumps(meta))
+    (folder / "bertpipe.json").write_text(json.dumps(sealed(meta)))  # the records and their seal rewritten too
     return path
 
 
@@ -306,6 +307,31 @@ def test_metadata_that_does_not_parse_names_its_file(run, tmp_path):
     assert json.loads((tmp_path / "hf" / "bertpipe_export.json").read_text())["tag"] == f"global_step{STEPS - 2}"
 
 
+def test_metadata_edited_since_the_save_is_damage_named_in_one_line(run, tmp_path):
+    """bertpipe.json is the one file of a checkpoint its file records cannot cover: an edit there (hidden_size)
+    was read as it was, and export died in load_state_dict with a traceback."""
+    out = copy_run(run, tmp_path / "run")
+    meta = out / "checkpoints" / f"global_step{STEPS}" / "bertpipe.json"
+    edited = json.loads(meta.read_text())
+    edited["bert_config"]["hidden_size"] *= 2
+    meta.write_text(json.dumps(edited))
+    done = bertpipe("export", out, "--out", tmp_path / "hf", "--tag", f"global_step{STEPS}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{meta} does not match the sha256 it records of itself" in done.stderr.strip().splitlines()[-1]
+    done = bertpipe("export", out, "--out", tmp_path / "hf")  # without --tag: skipped, named, the one before it
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"skipped: {meta} does not match the sha256" in done.stderr
+    assert json.loads((tmp_path / "hf" / "bertpipe_export.json").read_text())["tag"] == f"global_step{STEPS - 2}"
+    # Metadata saved before the seal, edited: still one line, naming the file or the checkpoint.
+    for hidden_size in ("64", edited["bert_config"]["hidden_size"]):
+        edited.pop("meta_sha256", None)
+        edited["bert_config"]["hidden_size"] = hidden_size
+        meta.write_text(json.dumps(edited))
+        done = bertpipe("export", out, "--out", tmp_path / "hf2", "--tag", f"global_step{STEPS}")
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert f"global_step{STEPS}" in done.stderr.strip().splitlines()[-1]
+
+
 @pytest.mark.slow
 def test_resume_refuses_another_zero_stage_or_dtype_in_one_line_leaving_the_config(run, small_corpus, tmp_path):
     """DeepSpeed's state files differ per ZeRO stage and dtype: a changed one used to fail inside
@@ -442,7 +468,7 @@ def test_the_export_cache_follows_the_checkpoint_it_was_made_from(run, tmp_path)
 
     # Retrained under the same tag: its metadata (which records every file's sha256) changes.
     meta = out / "checkpoints" / "global_step8" / "bertpipe.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "retrained": True}))
+    meta.write_text(json.dumps(sealed({**json.loads(meta.read_text()), "retrained": True})))
     before = json.loads((cached / "bertpipe_export.json").read_text())["checkpoint_sha256"]
     assert resolve_checkpoint(out) == cached
     assert json.loads((cached / "bertpipe_export.json").read_text())["checkpoint_sha256"] != before
