@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Container, Iterable
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +47,10 @@ def _write_record(out: Path, record: dict) -> None:
     write_text_atomic(out / RECORD, json.dumps(record, indent=1) + "\n")
 
 
-def clear_earlier_run(out: Path, names: Iterable[str]) -> list[str]:
+def clear_earlier_run(out: Path, names: Iterable[str], writes: Container[str] = ()) -> list[str]:
     """Delete the earlier run's files under `names` (and the folders they leave empty); returns the files
-    kept, which this run records as not its own."""
+    kept, which this run records as not its own. A kept file at a path in `writes` (what this run may write)
+    would be written over: refused, before anything is deleted."""
     names = list(names)
     record = _read_record(out)
     written = record.get("written")
@@ -59,6 +60,11 @@ def clear_earlier_run(out: Path, names: Iterable[str]) -> list[str]:
         ours = set(existing) & set(written)
     else:  # never finished (or no record: a run before records): all but what it kept
         ours = set(existing) - kept_then
+    clash = [rel for rel in existing if rel not in ours and rel in writes]
+    if clash:
+        raise FileExistsError(f"--out {out} holds {', '.join(clash[:3])}{' ...' if len(clash) > 3 else ''}, which "
+                              "bertpipe did not write, where this run writes its own: move it out of --out, or "
+                              "choose another --out")
     for rel in sorted(ours):
         (out / rel).unlink()
     for name in names:  # the folders emptied, deepest first

@@ -34,7 +34,7 @@ from launch.pretrain.schedule import build_scheduler, lr_multiplier
 from launch.pretrain.optimizers import param_groups
 from pipeline.atomic_write import write_text_atomic
 from pipeline.output_lock import mark_output, refuse_others_files
-from pipeline.vocab import Vocab
+from pipeline.vocab import TOKENIZER_CONFIG, Vocab
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,10 @@ OUT_FILES = ("config.yaml", "metrics.json", "predictions", "submission", "confus
              "confusion_matrix.png", "confusion_matrix_mismatched.txt", "confusion_matrix_mismatched.png",
              "dev_entity_report.txt", "test_entity_report.txt", "model", "head", "log_history.json",
              "learning_curve.png", "tensorboard")
+# What `save` writes into OUT/model (`model.save_pretrained`, then the tokenizer files), and a feature-based
+# run into OUT/head; with OUT_FILES' files and each split's predictions, what a run may write (`_may_write`).
+MODEL_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", TOKENIZER_CONFIG)
+HEAD_FILES = ("head.safetensors", "head.json")
 SUBSET_SEED = 0  # subsets are the same for every trial seed: seeds then vary only init and order
 
 
@@ -384,7 +388,23 @@ class Finetuner:
             if path.resolve() == ckpt or path.resolve() in ckpt.parents:
                 raise DataError(f"--checkpoint {self.cfg.checkpoint} is the earlier run's {path}, which this run "
                                 "replaces; fine-tune it into another --out")
-        return clear_earlier_run(self.out, OUT_FILES)
+        try:
+            return clear_earlier_run(self.out, OUT_FILES, self._may_write())
+        except FileExistsError as err:
+            raise DataError(str(err)) from None
+
+    def _may_write(self) -> set[str]:
+        """Every file this run may write under OUT, relative to it (the forms of every task kind, so a few more
+        than one run writes), but TensorBoard's events, whose names are new each run."""
+        names = {n for n in OUT_FILES if "." in n}
+        names |= {f"model/{n}" for n in MODEL_FILES} | {f"head/{n}" for n in HEAD_FILES}
+        names |= {"predictions/predictions.json", "predictions/nbest_predictions.json"}  # SQuAD
+        for split in self.data.evals:
+            stem = split.name.removesuffix(".tsv")
+            names |= {f"predictions/{stem}.tsv", f"predictions/{split.name}.tsv", f"predictions/{split.name}.txt"}
+            if split.submission:
+                names.add(f"submission/{split.submission}")
+        return names
 
     def save(self) -> Path:
         from model.hf import save_pretrained

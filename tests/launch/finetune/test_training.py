@@ -403,6 +403,41 @@ def test_a_rerun_keeps_the_users_files_inside_the_output_folders_and_clears_a_ru
     assert all(path.read_text() == text for path, text in mine.items())
 
 
+def test_a_users_file_where_the_rerun_writes_is_refused_not_written_over(tiny_checkpoint, tmp_path):
+    # Added after a run that wrote no model and had no test file, kept "as they are" by the rerun's warning,
+    # then written over by the rerun's model and test predictions.
+    from dataclasses import replace
+
+    from launch.finetune.examples import DataError
+    from launch.finetune.out_files import files_under
+    from launch.finetune.runner import OUT_FILES
+
+    out, data = tmp_path / "o", _sst2_copy(tmp_path / "d", 10)
+    cfg = replace(_cfg(tiny_checkpoint, out, 1), data_dir=str(data), save_model=False)
+    Finetuner(cfg).run()
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text("mine\n")
+    (out / "predictions" / "SST-2.tsv").write_text("mine\n")
+    (out / "predictions" / "test.tsv").write_text("mine\n")
+    (data / "SST-2" / "test.tsv").write_text("index\tsentence\n0\ta film .\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"--out {out} holds model/config.json, predictions/test.tsv, which bertpipe "
+                                        "did not write, where this run writes its own: move it out of --out"):
+        Finetuner(replace(cfg, save_model=True)).run()
+    assert (out / "metrics.json").is_file()  # refused before anything was deleted
+    for rel in ("model/config.json", "predictions/SST-2.tsv", "predictions/test.tsv"):
+        assert (out / rel).read_text() == "mine\n"
+        (out / rel).unlink()
+    # What a run writes is within what it says it may write (the list a refusal is checked against).
+    run = Finetuner(replace(cfg, save_model=True, tensorboard=True))
+    run.run()
+    written = {rel for rel in files_under(out, OUT_FILES) if not rel.startswith("tensorboard/")}
+    assert written <= run._may_write() and {"model/model.safetensors", "submission/SST-2.tsv"} <= written
+    ner = Finetuner(replace(cfg, task="conll2003", data_dir=str(DATA / "conll2003"), out=str(tmp_path / "ner")))
+    ner.run()
+    written = {rel for rel in files_under(tmp_path / "ner", OUT_FILES) if not rel.startswith("tensorboard/")}
+    assert written <= ner._may_write() and "predictions/dev.txt" in written
+
+
 def test_test_file_is_predicted_whole_and_a_malformed_test_line_refused(tiny_checkpoint, tmp_path):
     from dataclasses import replace
 
