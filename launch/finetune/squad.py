@@ -46,6 +46,13 @@ def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
     return None
 
 
+def _text(value: object, what: str, path: Path, article: int) -> str:
+    """A field that must be text: `null` or a number there failed later (the tokenizer, the scorer after training)."""
+    if not isinstance(value, str):
+        raise DataError(f"{path}: article {article}: {what} is {json.dumps(value)[:40]}, not a string; fix the file")
+    return value
+
+
 def read_squad(path: Path) -> list[QAExample]:
     try:
         with open(path, encoding="utf-8-sig") as f:  # a byte order mark (an editor's save) is dropped, as elsewhere
@@ -60,15 +67,23 @@ def read_squad(path: Path) -> list[QAExample]:
     for a, article in enumerate(data["data"]):
         try:
             for paragraph in article["paragraphs"]:
-                context = paragraph["context"]
+                context = _text(paragraph["context"], "a paragraph's context", path, a)
                 for qa in paragraph["qas"]:
-                    answers = tuple({"text": x["text"], "answer_start": int(x["answer_start"])} for x in qa.get("answers", []))
+                    if not isinstance(qa["id"], (str, int)) or isinstance(qa["id"], bool):
+                        raise DataError(f"{path}: article {a} has a question whose id is {json.dumps(qa['id'])[:40]}; "
+                                        "give each question a string id")
+                    guid = str(qa["id"])
+                    question = _text(qa["question"], f"the question of id {guid!r}", path, a)
+                    answers = tuple({"text": _text(x["text"], f"an answer's text to question {guid!r}", path, a),
+                                     "answer_start": int(x["answer_start"])} for x in qa.get("answers", []))
                     if not answers or qa.get("is_impossible"):
                         # SQuAD 2.0's unanswerable questions: v1.1 training would take them for a
                         # misplaced answer and its scorer has no gold text to compare with
-                        raise DataError(f"{path}: question {qa['id']!r} has no answer; bertpipe fine-tunes SQuAD v1.1, "
+                        raise DataError(f"{path}: question {guid!r} has no answer; bertpipe fine-tunes SQuAD v1.1, "
                                         "where every question has one (remove SQuAD 2.0's unanswerable questions)")
-                    out.append(QAExample(qa["id"], qa["question"], context, answers, article.get("title", "")))
+                    out.append(QAExample(guid, question, context, answers, article.get("title", "")))
+        except DataError:
+            raise
         except (KeyError, TypeError, ValueError) as err:
             raise DataError(f"{path}: article {a} is malformed (missing or wrong field: {err}); expected SQuAD v1.1 layout") from None
     seen: set[str] = set()

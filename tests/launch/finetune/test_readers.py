@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from launch.finetune import conll, glue, squad, swag, userdata
@@ -110,6 +113,24 @@ def test_a_squad_file_saved_with_a_byte_order_mark_reads(tmp_path):
     path = tmp_path / "dev-v1.1.json"
     path.write_bytes("\ufeff".encode() + squad.find_file(DATA, "dev", required=True).read_bytes())
     assert len(squad.read_squad(path)) == 705
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda p, q: p.update(context=None), "a paragraph's context is null, not a string"),
+    (lambda p, q: q.update(question=7), "the question of id '56ddde6b9a695914005b9628' is 7, not a string"),
+    (lambda p, q: q["answers"][0].update(text=None), "an answer's text to question '56ddde6b9a695914005b9628' is null"),
+    (lambda p, q: q.update(id=["a"]), 'a question whose id is ["a"]; give each question a string id'),
+])
+def test_a_squad_field_of_the_wrong_type_is_named_before_training(tmp_path, edit, said):
+    # Each was a traceback: the tokenizer's TypeError, len() of an int, an unhashable id, and a null dev answer
+    # only in the scorer, after the whole training run.
+    data = json.loads(squad.find_file(DATA, "dev", required=True).read_text(encoding="utf-8"))
+    paragraph = data["data"][0]["paragraphs"][0]
+    edit(paragraph, paragraph["qas"][0])
+    path = tmp_path / "dev-v1.1.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=re.escape(f"{path}: article 0") + ".*" + re.escape(said)):
+        squad.read_squad(path)
 
 
 def test_user_csv_multiclass_from_real_cola_sources(tmp_path):
