@@ -94,6 +94,13 @@ def run(args: argparse.Namespace) -> int:
     if args.ray_temp_dir and os.path.exists(args.ray_temp_dir) and not os.path.isdir(args.ray_temp_dir):
         # Before anything is written: Ray's own error named --out, and left a sweep half-started there.
         raise CliError(f"--ray-temp-dir {args.ray_temp_dir} is a file; name a directory (or leave the flag out)")
+    if args.ray_temp_dir:
+        from launch.finetune.local_ray import check_temp_dir
+
+        try:
+            check_temp_dir(args.ray_temp_dir)
+        except ValueError as err:
+            raise CliError(str(err)) from None
     given = set(given_flags(args))
     if "seed" in given:  # each trial takes its seed from 1..--seeds: --seed was ignored without a word
         raise CliError("--seed is not a sweep setting: trials run seeds 1..N; set N with --seeds")

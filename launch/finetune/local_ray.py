@@ -42,6 +42,10 @@ OWNER_ENV = "BERTPIPE_RAY_OWNER"
 # Ray process starts the metric recorder or its exporter thread.
 NO_METRICS = {"enable_metrics_collection": False, "enable_open_telemetry": False}
 MARKER = ".bertpipe-ray-temp"
+# Ray puts a socket at TEMP/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store, and a Unix socket's
+# path has at most 107 bytes (Ray refuses longer ones mid-start, with a traceback): what that leaves TEMP.
+_SOCKET_UNDER_TEMP = "/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+TEMP_DIR_MAX = 107 - len(_SOCKET_UNDER_TEMP)
 POLL_S = 0.5  # how often the watchdog looks at the driver's process tree
 AUTH_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
 
@@ -138,11 +142,25 @@ def remove_temp_dir(temp_dir: Path) -> bool:
     return False
 
 
+def check_temp_dir(temp_dir: str) -> None:
+    """Refuse a --ray-temp-dir whose path leaves Ray's sockets under it no room (TEMP_DIR_MAX)."""
+    length = len(os.fsencode(Path(temp_dir).resolve()))
+    if length > TEMP_DIR_MAX:
+        raise ValueError(f"--ray-temp-dir {temp_dir} is {length} bytes long as an absolute path; Ray's socket files "
+                         f"under it would pass the 107-byte limit of a Unix socket path: name one of at most "
+                         f"{TEMP_DIR_MAX} (or leave the flag out)")
+
+
 def _make_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
     """(the temp dir, whether bertpipe created it and so may delete it)."""
     if temp_dir is None:
-        path = Path(tempfile.mkdtemp(prefix="bertpipe-ray-"))
+        base = tempfile.gettempdir()
+        if len(os.fsencode(base)) + len("/bertpipe-ray-12345678") > TEMP_DIR_MAX:
+            logger.info("the temp dir %s is too long a path for Ray's sockets under it; the local Ray uses /tmp", base)
+            base = "/tmp"
+        path = Path(tempfile.mkdtemp(prefix="bertpipe-ray-", dir=base))
     else:
+        check_temp_dir(temp_dir)
         path = Path(temp_dir).resolve()
         if path.exists():  # the user's folder, even an empty one: used, never deleted
             return path, False

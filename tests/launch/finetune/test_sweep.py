@@ -331,11 +331,28 @@ def test_trial_resources_the_local_ray_cannot_give_are_refused_not_waited_for(ti
                             "--cpus-per-trial 2 asks for more CPUs than the local Ray has (1); lower it or raise --num-cpus"),
                            # Ray's own error named --out, and left a half-started sweep there
                            (["--ray-temp-dir", str(GLUE / "SST-2" / "dev.tsv")],
-                            f"--ray-temp-dir {GLUE / 'SST-2' / 'dev.tsv'} is a file; name a directory")]:
+                            f"--ray-temp-dir {GLUE / 'SST-2' / 'dev.tsv'} is a file; name a directory"),
+                           # Ray's own: a traceback (AF_UNIX path length), and the rerun refused for the config left
+                           (["--ray-temp-dir", str(tmp_path / ("r" * 60))], "would pass the 107-byte limit of a Unix "
+                                                                          "socket path: name one of at most 43")]:
         with pytest.raises(SystemExit) as refused:
             cli.main([*base, "--out", str(tmp_path / "out"), *extra])
         assert refused.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out" / "trials").exists() and not (tmp_path / "out" / "sweep_config.json").exists()
+
+
+def test_a_temp_dir_too_long_for_ray_s_sockets_gives_way_to_tmp(tmp_path, monkeypatch):
+    """TMPDIR of 70 characters: the local Ray died mid-start (its socket paths over 107 bytes)."""
+    from launch.finetune import local_ray
+
+    long_tmp = tmp_path / ("t" * 70)
+    long_tmp.mkdir()
+    monkeypatch.setattr(local_ray.tempfile, "tempdir", str(long_tmp))
+    path, owned = local_ray._make_temp_dir(None)
+    try:
+        assert owned and path.parent == Path("/tmp") and len(str(path)) <= local_ray.TEMP_DIR_MAX
+    finally:
+        local_ray.remove_temp_dir(path)
 
 
 def test_a_trial_asking_exactly_what_ray_has_runs_and_a_cluster_may_grow(caplog):
