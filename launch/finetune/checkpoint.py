@@ -59,7 +59,7 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
     if vocab is not None:
         user = Path(vocab)
         if not user.is_file():
-            raise DataError(f"--vocab {user} does not exist")
+            raise DataError(f"--vocab {user} {'is a directory, not a vocab.txt' if user.is_dir() else 'does not exist'}")
         if sha256_file(user) != sha256_file(vocab_file):
             raise DataError(
                 f"--vocab {user} is not the vocabulary of checkpoint {path} ({vocab_file}); "

@@ -119,6 +119,9 @@ def read_text_split(
                 if "\n" in label or "\r" in label:
                     skips.malformed(path, line, f"label {label[:40]!r}... spans lines (a quote left open above?)")
                     continue
+                if "\t" in label:  # it would split its row of the predictions' TSV into more columns
+                    skips.malformed(path, line, f"label {label[:40]!r} holds a tab; labels are names without tabs")
+                    continue
         if not str(row[cols.text]).strip():
             skips.malformed(path, line, f"empty text in column {cols.text!r}")
             continue

@@ -222,6 +222,9 @@ def test_refuses_a_vocab_that_does_not_match(tiny_checkpoint, tmp_path, capsys):
     err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
                   "--vocab", str(other), "--out", str(tmp_path / "o")], capsys)
     assert "is not the vocabulary of checkpoint" in err
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tiny_checkpoint),
+                  "--vocab", str(tmp_path), "--out", str(tmp_path / "o")], capsys)
+    assert f"--vocab {tmp_path} is a directory, not a vocab.txt" in err  # it said "does not exist"
     bigger = tmp_path / "ckpt"
     shutil.copytree(tiny_checkpoint, bigger)
     with open(bigger / "vocab.txt", "a") as f:

@@ -351,6 +351,10 @@ def test_user_labels_one_number_one_class_and_a_label_across_lines_is_malformed(
         load("classify", csv_dir)
     data = load("classify", csv_dir, skip_malformed=True)
     assert data.labels == ("neg", "pos") and len(data.train) == 3
+    # a tab in a label split its row of predictions/dev.tsv into more columns than the header's
+    (csv_dir / "train.csv").write_text('text,label\ngood movie,pos\nbad movie,"neg\tx"\n')
+    with pytest.raises(DataError, match=r"train.csv:3: label 'neg\\tx' holds a tab; labels are names without tabs"):
+        load("classify", csv_dir)
 
 
 def test_user_rows_without_text_are_malformed_and_two_files_for_one_split_are_refused(tmp_path):
