@@ -160,7 +160,6 @@ def _make_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
             base = "/tmp"
         path = Path(tempfile.mkdtemp(prefix="bertpipe-ray-", dir=base))
     else:
-        check_temp_dir(temp_dir)
         path = Path(temp_dir).resolve()
         if path.exists():  # the user's folder, even an empty one: used, never deleted
             return path, False

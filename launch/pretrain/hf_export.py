@@ -27,7 +27,6 @@ from unittest import mock
 
 import torch
 
-from launch.checkpoint_dirs import META
 from launch.environ import restoring_environ
 from launch.pretrain.training_log import read_records
 from model.torch_files import load_torch_file
@@ -133,7 +132,8 @@ def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run
     try:
         trained = BertConfig(**meta["bert_config"])
     except (TypeError, ValueError) as err:  # metadata saved before its seal, edited since
-        raise ValueError(f"{ckpt_dir / tag / META}: its bert_config is not a model's ({err})") from None
+        raise ValueError(f"checkpoint {ckpt_dir / tag}: the bert_config its metadata records is not a model's "
+                         f"({err})") from None
     vocab.check_rows(trained.vocab_size, f"checkpoint {ckpt_dir / tag}")
     # `model.vocab_size` larger than the vocabulary pads embedding rows no token id reaches; Hugging
     # Face's config must say the real size (its tokenizer and ours agree on it), so export drops them.
@@ -142,7 +142,7 @@ def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:  # a tensor of another shape than the metadata's model has
-        raise ValueError(f"checkpoint {ckpt_dir / tag} does not match the model its {META} records: "
+        raise ValueError(f"checkpoint {ckpt_dir / tag} does not match the model its metadata records: "
                          f"{str(err).splitlines()[-1].strip()}") from None
     if missing or unexpected:
         raise ValueError(f"checkpoint {ckpt_dir / tag} does not match the model it records: missing {missing[:5]}, "
