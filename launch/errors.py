@@ -74,8 +74,9 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
     codes += [int(n) for n in re.findall(r"os error (\d+)", text)]
     codes += [code for code, words in WRITE_LIMITS.items() if words in text]
     # A copy's OSError names its source first and its destination second (shutil.copyfile): the destination.
-    where = next((e.filename2 or e.filename for e in chain if isinstance(e, OSError) and (e.filename2 or e.filename)),
-                 None) or path
+    named = next((e.filename2 or e.filename for e in chain if isinstance(e, OSError) and (e.filename2 or e.filename)),
+                 None)
+    where = named or path
     code = next((c for c in codes if c in WRITE_LIMITS), None)
     # An OSError that says what it is (permission, a read-only or missing path) is that, whatever the free space.
     said = isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT,
@@ -92,6 +93,10 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
         except OSError:
             pass
     again = "then run the same command again"
+    if code is not None and named is None and path is not None and os.path.isdir(str(path)):
+        # A write's error names no file (Path.write_text, safetensors): the one written last is most likely it.
+        newest = _newest_file(str(path))
+        where = f"{path} (the file written last there: {newest})" if newest else path
     if code == errno.ENOSPC:
         return f"no space left on device while writing {where}; free some space, {again}"
     if code == errno.EDQUOT:
@@ -104,6 +109,25 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
         return (f"writing {where} failed ({first.strip()}) with space left on its disk: a quota or a file-size limit "
                 f"(`ulimit -f`) may be reached; check them, {again}")
     return None
+
+
+def _newest_file(folder: str, limit: int = 10_000) -> str | None:
+    """The most recently modified file under `folder` (the first `limit` files looked at), or None."""
+    import os
+
+    best, seen = (None, -1.0), 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except OSError:
+                continue
+            best = max(best, (path, mtime), key=lambda b: b[1])
+            seen += 1
+            if seen >= limit:
+                return best[0]
+    return best[0]
 
 
 # What the C library calls each write limit, as wrapping libraries (Beam) pass it on in text.

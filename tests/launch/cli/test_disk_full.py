@@ -140,6 +140,21 @@ def test_each_write_limit_is_one_line_naming_the_file_written():
     assert disk_full_message(ValueError("not a write"), "/out") is None
 
 
+def test_a_write_limit_that_names_no_file_names_the_file_written_last_under_out(tmp_path):
+    """Path.write_text and safetensors fail without a filename: the message named only --out."""
+    import errno
+
+    from launch.errors import disk_full_message
+
+    (tmp_path / "predictions").mkdir()
+    (tmp_path / "config.yaml").write_text("task: sst2\n")
+    os.utime(tmp_path / "config.yaml", (1, 1))
+    (tmp_path / "predictions" / "dev.tsv").write_text("guid\tprediction\n")  # cut short by the limit
+    err = OSError(errno.EFBIG, "File too large")
+    assert disk_full_message(err, str(tmp_path)).startswith(
+        f"file too large while writing {tmp_path} (the file written last there: {tmp_path / 'predictions' / 'dev.tsv'}):")
+
+
 @pytest.mark.parametrize("command", ["export", "pretrain", "corpus"])
 def test_a_file_size_limit_is_one_line_not_a_traceback(reference_run, small_corpus, tmp_path, command):
     """`ulimit -f` (or a FAT32 disk's 4 GiB) fails a write with EFBIG, which gave tracebacks."""
