@@ -5,6 +5,11 @@ depending on the CLI layer.
 """
 
 import errno
+import time
+
+
+# When this process imported this module (the CLI does at once): what it wrote is newer.
+PROCESS_STARTED = time.time()
 
 
 class CliError(Exception):
@@ -94,8 +99,9 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
             pass
     again = "then run the same command again"
     if code is not None and named is None and path is not None and os.path.isdir(str(path)):
-        # A write's error names no file (Path.write_text, safetensors): the one written last is most likely it.
-        newest = _newest_file(str(path))
+        # A write's error names no file (Path.write_text, safetensors): the one written last is most likely it,
+        # if this process wrote it (an export's partial folder is gone by now; what is left is the earlier one's).
+        newest = _newest_file(str(path), since=PROCESS_STARTED)
         where = f"{path} (the file written last there: {newest})" if newest else path
     if code == errno.ENOSPC:
         return f"no space left on device while writing {where}; free some space, {again}"
@@ -111,11 +117,12 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
     return None
 
 
-def _newest_file(folder: str, limit: int = 10_000) -> str | None:
-    """The most recently modified file under `folder` (the first `limit` files looked at), or None."""
+def _newest_file(folder: str, since: float, limit: int = 10_000) -> str | None:
+    """The most recently modified file under `folder` (the first `limit` files looked at), if modified at or
+    after `since` (a time.time()), else None."""
     import os
 
-    best, seen = (None, -1.0), 0
+    best, seen = (None, int(since * 1e9) - 1), 0
     for root, _, files in os.walk(folder):
         for name in files:
             path = os.path.join(root, name)

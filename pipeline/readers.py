@@ -108,7 +108,8 @@ _INNER_SENTENCE_END = re.compile(r"\w[.!?][\"'\u201d)]?\s+[\"\u201c(]?[A-Z]")
 def _looks_utf16(head: bytes) -> bool:
     """Mostly ASCII as UTF-16 without a byte-order mark: NUL in nearly every other byte, on one side."""
     even, odd = head[0::2], head[1::2]
-    return max(even.count(0) / max(len(even), 1), odd.count(0) / max(len(odd), 1)) > 0.9
+    low, high = sorted((even.count(0) / max(len(even), 1), odd.count(0) / max(len(odd), 1)))
+    return high > 0.9 and low < 0.1  # the other side text: a tarball or zeros are NUL on both
 
 
 def why_not_text(sample: bytes) -> str | None:
@@ -137,6 +138,14 @@ def _without_lone_surrogates(text: str, stats: ReadStats) -> str:
         return text
     stats.inc("documents_invalid_utf8_repaired")
     return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def _paragraphs_without_lone_surrogates(paragraphs: list[str], stats: ReadStats) -> list[str]:
+    """The same for a wiki page, whose `&#55357;` entities mwparserfromhell decodes to lone surrogates."""
+    if not any(_LONE_SURROGATE.search(p) for p in paragraphs):
+        return paragraphs
+    stats.inc("documents_invalid_utf8_repaired")
+    return [_LONE_SURROGATE.sub("\ufffd", p) for p in paragraphs]
 
 
 def _decode(data: bytes, stats: ReadStats) -> str:
@@ -277,7 +286,7 @@ def _wiki_page(page_xml: bytes, name: str, source: str, stats: ReadStats) -> Ite
             yield Skip(source, doc_id, "wikitext_parse_error", f"{type(err).__name__}: {str(err)[:200]}")
             return
         if paragraphs:
-            yield RawDocument(doc_id, paragraphs)
+            yield RawDocument(doc_id, _paragraphs_without_lone_surrogates(paragraphs, stats))
         else:
             yield Skip(source, doc_id, "empty_document")
 

@@ -87,8 +87,10 @@ def run(args: argparse.Namespace) -> int:
     except CliError as err:  # this rank's own, its peers still in the group: see exit_if_in_group
         exit_if_in_group(2, f"bertpipe pretrain: error: {err}")
         raise
-    except KeyboardInterrupt:  # before the trainer set its own handler; under a launcher, end as a worker does
-        exit_if_in_group(130, f"bertpipe pretrain: interrupted; {ON_INTERRUPT}")
+    except KeyboardInterrupt as err:  # before the trainer set its own handler; under a launcher, end as a worker does
+        code = getattr(err, "exit_code", 130)  # 143: SIGTERM (launch.errors.Terminated)
+        exit_if_in_group(code, f"bertpipe pretrain: {'stopped by SIGTERM' if code == 143 else 'interrupted'}; "
+                               f"{ON_INTERRUPT}")
         raise
     except Exception as err:  # noqa: BLE001 - under a launcher, as a `launch.pretrain` worker ends; alone, cli.main
         if in_group_with_peers():

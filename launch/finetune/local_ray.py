@@ -31,7 +31,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -172,9 +172,10 @@ def _make_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
 class LocalRay:
     """A local Ray started by this process, its watchdog, and how to stop both."""
 
-    def __init__(self, num_cpus: int | None, temp_dir: str | None):
+    def __init__(self, num_cpus: int | None, temp_dir: str | None, on_shutdown: Callable[[], None] = lambda: None):
         import ray
 
+        self.on_shutdown = on_shutdown  # right after ray.shutdown, before the watchdog's clean-up is waited for
         self.temp_dir, self.owned = _make_temp_dir(temp_dir)
         self.token = f"{os.getpid()}-{os.urandom(8).hex()}"
         self.before = descendants(os.getpid())
@@ -201,6 +202,7 @@ class LocalRay:
         try:
             ray.shutdown()
         finally:
+            self.on_shutdown()
             if self._saved_env is None:
                 os.environ.pop(OWNER_ENV, None)
             else:
@@ -247,6 +249,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
         yield
         return
     address = address or os.environ.get("RAY_ADDRESS")
+    sigterm = _SigtermKept()
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
         try:
@@ -254,14 +257,29 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
                 yield
         finally:
             ray.shutdown()
+            sigterm.restore()
         return
-    local = LocalRay(num_cpus, temp_dir)
+    local = LocalRay(num_cpus, temp_dir, on_shutdown=sigterm.restore)
     logger.info("started a local Ray (%s CPUs, temp dir %s)", num_cpus or "all", local.temp_dir)
     try:
         with _sigterm_as_interrupt():
             yield
     finally:
         local.stop()
+
+
+class _SigtermKept:
+    """The process's SIGTERM handler before Ray's: `ray.init` sets its own, and `ray.shutdown` leaves SIGTERM at
+    the operating system's default (Python still reports Ray's), which killed the process silently after the
+    sweep (writing its results, or the rest of `bertpipe demo`). `restore` puts the earlier one back."""
+
+    def __init__(self) -> None:
+        self.main = threading.current_thread() is threading.main_thread()
+        self.handler = signal.getsignal(signal.SIGTERM) if self.main else None
+
+    def restore(self) -> None:
+        if self.main and self.handler is not None:
+            signal.signal(signal.SIGTERM, self.handler)
 
 
 @contextmanager

@@ -167,6 +167,14 @@ def test_a_wiki_page_with_an_invalid_byte_is_repaired_not_dropped():
     assert counts["documents_invalid_utf8_repaired"] == 1 and "la\ufffdzy" in docs[1].segments[0]
 
 
+def test_a_lone_surrogate_entity_in_a_wiki_page_is_repaired_not_fatal():
+    # mwparserfromhell decodes `&#55357;` (half an emoji) to a lone surrogate, which stopped the job at the tokenizer.
+    docs, skips, counts = read(wiki(page(1, PROSE + " &amp;#55357; " + PROSE), page(2, PROSE)))
+    assert len(docs) == 2 and not skips and counts["documents_invalid_utf8_repaired"] == 1
+    assert "\ufffd" in docs[0].segments[0]
+    "".join(docs[0].segments).encode("utf-8")
+
+
 def test_a_lone_surrogate_escape_in_json_lines_is_repaired_not_fatal():
     # "\ud83d" (half an emoji) decodes to a lone surrogate, which stopped the whole job at the tokenizer's encode.
     lines = [json.dumps({"id": 1, "text": PROSE}), '{"id": "x\\ud83d", "text": "A cut \\ud83d emoji. ' + PROSE + '"}']
@@ -184,6 +192,13 @@ def test_a_compressed_book_over_the_cap_and_cut_short_is_skipped_as_too_large_no
     assert [s.reason for s in skips] == ["document_too_large"]
     docs, skips, _ = read(packed[:-2000], fmt="text", max_bytes=len(text) // 2)
     assert docs == [] and [s.reason for s in skips] == ["document_too_large", "corrupt_compression"]
+
+
+def test_nul_heavy_binaries_are_not_called_utf16():
+    _, skips, _ = read(bytes(8192))
+    assert skips[0].detail == "NUL bytes in its first 8 KiB"
+    _, skips, _ = read(b"ustar\x00" + bytes(500) + b"a tarball header with some text" + bytes(3000))
+    assert skips[0].detail == "NUL bytes in its first 8 KiB"
 
 
 def test_utf16_text_is_skipped_with_how_to_convert_it():

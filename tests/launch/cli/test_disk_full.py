@@ -153,6 +153,10 @@ def test_a_write_limit_that_names_no_file_names_the_file_written_last_under_out(
     err = OSError(errno.EFBIG, "File too large")
     assert disk_full_message(err, str(tmp_path)).startswith(
         f"file too large while writing {tmp_path} (the file written last there: {tmp_path / 'predictions' / 'dev.tsv'}):")
+    # Nothing there written by this process (an export's partial folder is gone, the earlier export's files are
+    # left): the folder alone, not a file of another run.
+    os.utime(tmp_path / "predictions" / "dev.tsv", (1, 1))
+    assert disk_full_message(err, str(tmp_path)).startswith(f"file too large while writing {tmp_path}: past")
 
 
 @pytest.mark.parametrize("command", ["export", "pretrain", "corpus"])

@@ -294,3 +294,30 @@ def test_local_ray_in_process_cleans_up_only_its_own_processes(ray_temp):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+AFTER_RAY = """
+import os, signal, sys
+from launch import cli
+from launch.errors import Terminated
+from launch.finetune.local_ray import ray_session
+
+cli._stop_on_sigterm()
+with ray_session(num_cpus=1, temp_dir=sys.argv[1]):
+    pass
+try:  # what a sweep does after its Ray: results.json, results.md, sweep.png (and the rest of the demo)
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pause()
+except Terminated:
+    print("stopped as Ctrl-C stops it")
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_after_the_local_ray_stopped_still_stops_the_command_in_one_line(ray_temp):
+    """ray.shutdown leaves SIGTERM at the system's default (Python still names Ray's handler): the sweep was
+    killed silently while it wrote its results."""
+    done = subprocess.run([sys.executable, "-c", AFTER_RAY, str(ray_temp)], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0 and done.stdout.strip() == "stopped as Ctrl-C stops it", (done.returncode,
+                                                                                          done.stderr[-2000:])
