@@ -149,6 +149,27 @@ def test_sigkill_then_resume_is_bit_exact_and_resume_on_one_process_keeps_the_sa
 
 
 @pytest.mark.slow
+def test_zero3_resumed_on_another_process_count_continues_the_same_losses(small_corpus, tmp_path):
+    """ZeRO-3's universal load shared one step counter among the sub-groups (it rose 2 a step) and gave the
+    no-decay group LAMB's trust ratio: the losses moved by 4e-3 after the resume. Dropout 0: the same data and
+    weights give the same losses but for the reduction order."""
+    quiet = ["--model.fields", "hidden_dropout_prob=0", "attention_probs_dropout_prob=0"]
+    run = tmp_path / "run"
+    run_ok(pretrain_cmd(small_corpus, run, 2, 3, *quiet), tmp_path / "ref.log")
+    ref = metrics(run)
+    first, *later = sorted((run / "checkpoints").glob("global_step*"), key=lambda p: int(p.name.removeprefix("global_step")))
+    for tag in later:  # resumed from the earliest checkpoint kept
+        shutil.rmtree(tag)
+    resumed_from = int(first.name.removeprefix("global_step"))
+    assert resumed_from < STEPS
+    run_ok(pretrain_cmd(small_corpus, run, 1, 3, "--resume", *quiet), tmp_path / "resume.log")
+    got = metrics(run)
+    assert "to a universal checkpoint" in (tmp_path / "resume.log").read_text()
+    for step in range(resumed_from + 1, STEPS + 1):
+        assert got[step]["loss"] == pytest.approx(ref[step]["loss"], rel=1e-6), f"step {step}"
+
+
+@pytest.mark.slow
 def test_a_universal_conversion_is_reused_only_while_it_matches_its_checkpoint(reference, tmp_path, caplog):
     from launch.pretrain.checkpoints import convert_to_universal
 
