@@ -118,7 +118,10 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
     for lg in quiet:
         lg.setLevel(logging.CRITICAL)
 
+    received: list[int] = []
+
     def forward(signum: int, _frame) -> None:
+        received.append(signum)
         for child in me.children():  # the workers: the agent starts them as our direct children
             try:
                 child.send_signal(signum)
@@ -137,6 +140,10 @@ def launch_local(nproc: int, worker_argv: Sequence[str], grace_s: float = 10.0,
         # err.failures keeps the agent's order (the dict it filled as it saw the workers fail).
         rank, code = cause([(rank, f.exitcode) for rank, f in err.failures.items()])
         report_killed(rank, code)
+        if code < 0 and -code in received:  # the stop we passed on, outside the workers' handler (set while they train)
+            log.error("stopped by %s while the workers started or shut down, outside training: nothing is lost "
+                      "beyond the last checkpoint; continue with the same command plus --resume (exit %d)",
+                      signal_name(-code), exit_code(code))
         return exit_code(code)
     finally:
         for lg, level in zip(quiet, levels):

@@ -226,9 +226,11 @@ def test_sigterm_checkpoints_and_exits_143_so_a_scheduler_restarts_it(small_corp
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_the_ranks_start_is_one_line_a_rank_and_exit_130(small_corpus, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_while_the_ranks_start_is_one_line(small_corpus, tmp_path, signum):
     """Ctrl-C before training sets its handler (imports, DeepSpeed's setup, the shard check): each rank
-    printed Python's KeyboardInterrupt traceback, 60 lines, and ended with its gloo group open."""
+    printed Python's KeyboardInterrupt traceback, 60 lines, and ended with its gloo group open. SIGTERM
+    then killed the ranks outright, and the run exited 143 without a word."""
     out = tmp_path / "interrupted"
     proc = subprocess.Popen(pretrain_cmd(small_corpus, out, 2, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -236,14 +238,18 @@ def test_ctrl_c_while_the_ranks_start_is_one_line_a_rank_and_exit_130(small_corp
         wait_for(lambda: sum("launch.pretrain" in c.cmdline()
                              for c in psutil.Process(proc.pid).children(recursive=True)) == 2, proc)
         time.sleep(1)  # past the interpreter's own start-up; their setup takes several seconds more
-        proc.send_signal(signal.SIGINT)  # to the launcher, which passes it on, as Ctrl-C reaches them all
+        proc.send_signal(signum)  # to the launcher, which passes it on, as Ctrl-C reaches them all
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, output[-3000:]
+    assert proc.returncode == 128 + signum, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
-    assert output.count("interrupted while starting, before this run's first step") == 2, output[-3000:]
+    if signum == signal.SIGINT:
+        assert output.count("interrupted while starting, before this run's first step") == 2, output[-3000:]
+    else:
+        assert output.count("stopped by SIGTERM while the workers started or shut down, outside training") == 1, \
+            output[-3000:]
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
 
 
