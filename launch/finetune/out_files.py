@@ -1,9 +1,10 @@
 """Which files in a fine-tuning `--out` a rerun may delete: those an earlier run wrote, never the user's.
 
 A run lists, when it starts, the files it found under its output names (`OUT_FILES` in runner.py) and
-kept, and when it ends, the files it wrote (`RECORD`). A rerun deletes what the earlier run wrote, or,
-when that run never finished, everything but what it had kept; a file added since a finished run (notes
-in `predictions/`, say) is the user's, kept and named in a warning. Without this, a rerun removed whole
+kept, and when it ends, the files it wrote with their sha256 (`RECORD`). A rerun deletes what the earlier
+run wrote, as it wrote it, or, when that run never finished, everything but what it had kept; a file added
+since a finished run (notes in `predictions/`, say), or one of its files edited since, is the user's, kept
+and named in a warning (and refused where the rerun would write that very file). Without this, a rerun removed whole
 folders (`model/`, `predictions/`, `tensorboard/`) with whatever the user had put in them.
 """
 
@@ -56,15 +57,17 @@ def clear_earlier_run(out: Path, names: Iterable[str], writes: Container[str] = 
     written = record.get("written")
     kept_then = set(record["kept"]) if isinstance(record.get("kept"), list) else set()
     existing = files_under(out, names)
-    if isinstance(written, list):  # a finished run: exactly its files
+    if isinstance(written, dict):  # a finished run: exactly its files, as it wrote them (an edit since is the user's)
+        ours = {rel for rel in existing if rel in written and _sha256(out / rel) == written[rel]}
+    elif isinstance(written, list):  # a finished run's record before it held hashes
         ours = set(existing) & set(written)
     else:  # never finished (or no record: a run before records): all but what it kept
         ours = set(existing) - kept_then
     clash = [rel for rel in existing if rel not in ours and rel in writes]
     if clash:
         raise FileExistsError(f"--out {out} holds {', '.join(clash[:3])}{' ...' if len(clash) > 3 else ''}, which "
-                              "bertpipe did not write, where this run writes its own: move it out of --out, or "
-                              "choose another --out")
+                              "bertpipe did not write (or which changed since it did), where this run writes its own: "
+                              "move it out of --out, or choose another --out")
     for rel in sorted(ours):
         (out / rel).unlink()
     for name in names:  # the folders emptied, deepest first
@@ -84,5 +87,14 @@ def clear_earlier_run(out: Path, names: Iterable[str], writes: Container[str] = 
 
 def record_written(out: Path, names: Iterable[str], kept: list[str]) -> None:
     """At the end of a run: what it wrote, for the next run to delete."""
-    mine = [rel for rel in files_under(out, names) if rel not in set(kept)]
+    mine = {rel: _sha256(out / rel) for rel in files_under(out, names) if rel not in set(kept)}
     _write_record(out, {"kept": kept, "written": mine})
+
+
+def _sha256(path: Path) -> str | None:
+    from pipeline.manifest import sha256_file
+
+    try:
+        return sha256_file(path) if path.is_file() else None  # a link to a folder, say: never ours to compare
+    except OSError:
+        return None

@@ -4,6 +4,7 @@ answer choice across windows / under max_answer_length."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -420,8 +421,9 @@ def test_a_users_file_where_the_rerun_writes_is_refused_not_written_over(tiny_ch
     (out / "predictions" / "SST-2.tsv").write_text("mine\n")
     (out / "predictions" / "test.tsv").write_text("mine\n")
     (data / "SST-2" / "test.tsv").write_text("index\tsentence\n0\ta film .\n", encoding="utf-8")
-    with pytest.raises(DataError, match=f"--out {out} holds model/config.json, predictions/test.tsv, which bertpipe "
-                                        "did not write, where this run writes its own: move it out of --out"):
+    with pytest.raises(DataError, match=re.escape(f"--out {out} holds model/config.json, predictions/test.tsv, which "
+                                                  "bertpipe did not write (or which changed since it did), where this "
+                                                  "run writes its own: move it out of --out")):
         Finetuner(replace(cfg, save_model=True)).run()
     assert (out / "metrics.json").is_file()  # refused before anything was deleted
     for rel in ("model/config.json", "predictions/SST-2.tsv", "predictions/test.tsv"):
@@ -436,6 +438,11 @@ def test_a_users_file_where_the_rerun_writes_is_refused_not_written_over(tiny_ch
     ner.run()
     written = {rel for rel in files_under(tmp_path / "ner", OUT_FILES) if not rel.startswith("tensorboard/")}
     assert written <= ner._may_write() and "predictions/dev.txt" in written
+    # A file of the finished run's, edited since (the user's notes in its predictions): no longer its to replace.
+    (tmp_path / "ner" / "predictions" / "dev.txt").write_text("my corrections\n")
+    with pytest.raises(DataError, match=r"holds predictions/dev.txt, which bertpipe did not write \(or which changed"):
+        ner.run()
+    assert (tmp_path / "ner" / "predictions" / "dev.txt").read_text() == "my corrections\n"
 
 
 def test_test_file_is_predicted_whole_and_a_malformed_test_line_refused(tiny_checkpoint, tmp_path):
