@@ -25,6 +25,12 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
+def how_stopped(err: KeyboardInterrupt) -> tuple[int, str]:
+    """(exit code, words) of an interrupt: 143 "stopped by SIGTERM" for `Terminated`, else 130 "interrupted"."""
+    code = getattr(err, "exit_code", 130)
+    return code, "stopped by SIGTERM" if code == Terminated.exit_code else "interrupted"
+
+
 # The packages whose `raise ValueError(...)` is a message to the user (what to change).
 OUR_PACKAGES = ("launch", "pipeline", "model")
 

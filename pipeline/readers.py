@@ -131,17 +131,10 @@ def why_not_text(sample: bytes) -> str | None:
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _without_lone_surrogates(text: str, stats: ReadStats) -> str:
-    """JSON's `\\ud83d` escapes decode to lone surrogates (an emoji cut in half), which no UTF-8 encoder
-    takes: repaired to U+FFFD like invalid UTF-8 bytes, where they stopped the whole job."""
-    if not _LONE_SURROGATE.search(text):
-        return text
-    stats.inc("documents_invalid_utf8_repaired")
-    return _LONE_SURROGATE.sub("\ufffd", text)
-
-
 def _paragraphs_without_lone_surrogates(paragraphs: list[str], stats: ReadStats) -> list[str]:
-    """The same for a wiki page, whose `&#55357;` entities mwparserfromhell decodes to lone surrogates."""
+    """JSON's `\\ud83d` escapes and a wiki page's `&#55357;` entities (mwparserfromhell's) decode to lone
+    surrogates (an emoji cut in half), which no UTF-8 encoder takes: repaired to U+FFFD like invalid UTF-8
+    bytes, where they stopped the whole job; counted once per document."""
     if not any(_LONE_SURROGATE.search(p) for p in paragraphs):
         return paragraphs
     stats.inc("documents_invalid_utf8_repaired")
@@ -381,10 +374,10 @@ def _jsonl(stream, name, source, max_bytes, stats) -> Iterator[Record]:
             continue
         doc_id = f"{name}:{obj['id']}" if isinstance(obj.get("id"), (str, int)) else fallback_id
         doc_id = _LONE_SURROGATE.sub("\ufffd", doc_id)
-        paragraphs = [" ".join(p.split()) for p in _without_lone_surrogates(obj["text"], stats).split("\n")]
+        paragraphs = [" ".join(p.split()) for p in obj["text"].split("\n")]
         paragraphs = [p for p in paragraphs if p]
         if paragraphs:
-            yield RawDocument(doc_id, paragraphs)
+            yield RawDocument(doc_id, _paragraphs_without_lone_surrogates(paragraphs, stats))
         else:
             yield Skip(source, doc_id, "empty_document")
 

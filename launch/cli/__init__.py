@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Sequence
 
-from launch.errors import CliError, Terminated, disk_full_message
+from launch.errors import CliError, Terminated, disk_full_message, how_stopped
 from launch.log import setup_logging
 
 # name -> (module, one-line help). Order is the order of the pipeline.
@@ -122,9 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(rest)
         module = importlib.import_module(COMMANDS[command][0])
     except KeyboardInterrupt as err:  # during the imports, before anything was written
-        code = getattr(err, "exit_code", 130)
-        print(f"bertpipe {command}: {'stopped by SIGTERM' if code == 143 else 'interrupted'} before it started",
-              file=sys.stderr, flush=True)
+        code, how = how_stopped(err)
+        print(f"bertpipe {command}: {how} before it started", file=sys.stderr, flush=True)
         if entry_point:
             _end_within(EXIT_GRACE_S, command, code)
         return code
@@ -150,9 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         # One line, and how to continue: the command's partial output is left recognisably unfinished.
         hint = getattr(module, "ON_INTERRUPT", "run the same command again to start over")
-        code = getattr(err, "exit_code", 130)  # 143: SIGTERM, where a command turns it into this (`Terminated`)
-        print(f"bertpipe {command}: {'stopped by SIGTERM' if code == 143 else 'interrupted'}; {hint}",
-              file=sys.stderr, flush=True)
+        code, how = how_stopped(err)  # 143: SIGTERM (`Terminated`, set by `_stop_on_sigterm` or a command)
+        print(f"bertpipe {command}: {how}; {hint}", file=sys.stderr, flush=True)
         if entry_point:
             _end_within(EXIT_GRACE_S, command, code)
         return code

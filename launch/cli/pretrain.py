@@ -30,7 +30,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from launch.errors import CliError
+from launch.errors import CliError, how_stopped
 from launch.log import launcher_world_size, setup_logging
 from launch.pretrain.worker import (add_arguments as add_worker_arguments, exit_if_in_group, in_group_with_peers,
                                     load_run_config, report_fault, run_dir_lock, train_and_report)
@@ -88,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
         exit_if_in_group(2, f"bertpipe pretrain: error: {err}")
         raise
     except KeyboardInterrupt as err:  # before the trainer set its own handler; under a launcher, end as a worker does
-        code = getattr(err, "exit_code", 130)  # 143: SIGTERM (launch.errors.Terminated)
-        exit_if_in_group(code, f"bertpipe pretrain: {'stopped by SIGTERM' if code == 143 else 'interrupted'}; "
-                               f"{ON_INTERRUPT}")
+        code, how = how_stopped(err)
+        exit_if_in_group(code, f"bertpipe pretrain: {how}; {ON_INTERRUPT}")
         raise
     except Exception as err:  # noqa: BLE001 - under a launcher, as a `launch.pretrain` worker ends; alone, cli.main
         if in_group_with_peers():

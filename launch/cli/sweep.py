@@ -91,10 +91,7 @@ def run(args: argparse.Namespace) -> int:
                                ("--num-cpus", args.num_cpus, 1)):
         if value is not None and value < least:
             raise CliError(f"{flag} must be {least} or more, got {value:g}")
-    if args.ray_temp_dir and os.path.exists(args.ray_temp_dir) and not os.path.isdir(args.ray_temp_dir):
-        # Before anything is written: Ray's own error named --out, and left a sweep half-started there.
-        raise CliError(f"--ray-temp-dir {args.ray_temp_dir} is a file; name a directory (or leave the flag out)")
-    if args.ray_temp_dir:
+    if args.ray_temp_dir:  # before anything is written
         from launch.finetune.local_ray import check_temp_dir
 
         try:

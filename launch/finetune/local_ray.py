@@ -143,7 +143,10 @@ def remove_temp_dir(temp_dir: Path) -> bool:
 
 
 def check_temp_dir(temp_dir: str) -> None:
-    """Refuse a --ray-temp-dir whose path leaves Ray's sockets under it no room (TEMP_DIR_MAX)."""
+    """Refuse a --ray-temp-dir that is a file (Ray's own error named --out, and left a sweep half-started
+    there), or whose path leaves Ray's sockets under it no room (TEMP_DIR_MAX)."""
+    if os.path.exists(temp_dir) and not os.path.isdir(temp_dir):
+        raise ValueError(f"--ray-temp-dir {temp_dir} is a file; name a directory (or leave the flag out)")
     length = len(os.fsencode(Path(temp_dir).resolve()))
     if length > TEMP_DIR_MAX:
         raise ValueError(f"--ray-temp-dir {temp_dir} is {length} bytes long as an absolute path; Ray's socket files "

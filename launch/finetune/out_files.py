@@ -87,7 +87,8 @@ def clear_earlier_run(out: Path, names: Iterable[str], writes: Container[str] = 
 
 def record_written(out: Path, names: Iterable[str], kept: list[str]) -> None:
     """At the end of a run: what it wrote, for the next run to delete."""
-    mine = {rel: _sha256(out / rel) for rel in files_under(out, names) if rel not in set(kept)}
+    theirs = set(kept)
+    mine = {rel: _sha256(out / rel) for rel in files_under(out, names) if rel not in theirs}
     _write_record(out, {"kept": kept, "written": mine})
 
 
