@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-temp-dir", default=None,
                         help="temp dir of the local Ray (default: a fresh private one); deleted at the end if bertpipe created it")
     parser.add_argument("--save-models", action="store_true", help="keep every trial's fine-tuned model")
+    parser.add_argument("--name", default=None,
+                        help="the checkpoint's name in results.md and sweep.png (default: its folder's name)")
     # each trial keeps its model only with --save-models, and runs without a progress bar (Ray collects the logs)
     add_finetune_arguments(parser, skip=("task", "save_model", "progress"), help_texts={
         "out": "sweep directory: results.md, results.json, sweep.png, sweep_config.json, tune/ (Ray Tune's state) "
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 tasks, cfg.checkpoint, cfg.data_dir, cfg.out, grid=args.grid, seeds=args.seeds, overrides=overrides,
                 address=args.address, resume=args.resume, cpus_per_trial=args.cpus_per_trial,
                 gpus_per_trial=args.gpus_per_trial, max_failures=args.max_failures, num_cpus=args.num_cpus,
-                temp_dir=args.ray_temp_dir, crash_first_attempt=int(crash) if crash else None, given=given,
+                temp_dir=args.ray_temp_dir, crash_first_attempt=int(crash) if crash else None, given=given, name=args.name,
             )
     except ValueError as err:
         raise CliError(str(err)) from None
