@@ -25,6 +25,7 @@ import dataclasses
 import inspect
 import logging
 import re
+import shlex
 import textwrap
 import types
 import typing
@@ -247,11 +248,14 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def warn_deprecated(command: str, forms: Sequence[str]) -> None:
-    """The old override forms still work, with one line saying what to write instead."""
+    """The old override forms still work, with one line saying what to write instead: these very overrides as
+    flags (a fixed example named flags that most commands lack, `--optim.lr` to `finetune`)."""
     if forms:
-        shown = " ".join(forms[:3]) + (" ..." if len(forms) > 3 else "")
+        more = " ..." if len(forms) > 3 else ""
+        as_flags = [f"{_flag_of(tuple(key.strip().split('.')))} {shlex.quote(value)}"
+                    for key, _, value in (form.partition("=") for form in forms[:3])]
         log.warning("bertpipe %s: %s: the `key=value` / `--set key=value` override forms are deprecated; "
-                    "write `--key value` (for example --optim.lr 1e-4, --seq-len 512)", command, shown)
+                    "write %s", command, " ".join(forms[:3]) + more, " ".join(as_flags) + more)
 
 
 def config_from_args(args: argparse.Namespace, cls: type, *, legacy: Sequence[str] = (), preset: bool = False,

@@ -156,13 +156,20 @@ def test_old_override_forms_still_work_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING):
         cfg = load_run_config(args)
     assert cfg.optim.lr == 0.5 and cfg.schedule.total_steps == 7
-    assert "deprecated; write `--key value`" in caplog.text
+    assert "deprecated; write --optim.lr 0.5" in caplog.text
 
+    # The advice is these overrides as this command's flags: it named --optim.lr and --seq-len to every
+    # command, and `finetune` has neither.
     parser = cli.build_parser("finetune")
-    args = parser.parse_args(["--task", "sst2", "--data-dir", "d", "--checkpoint", "c", "--out", "o",
-                              "--set", "warmup=0.06", "--lr", "1e-4", "--no-group-by-length"])
-    cfg = finetune_config(args)
+    base = ["--task", "sst2", "--data-dir", "d", "--checkpoint", "c", "--out", "o"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        cfg = finetune_config(parser.parse_args(base + ["--set", "warmup=0.06", "--set", "max_grad_norm=2", "--lr", "1e-4",
+                                                        "--no-group-by-length"]))
     assert (cfg.warmup, cfg.lr, cfg.group_by_length) == (0.06, 1e-4, False)
+    advice = caplog.text.split("deprecated; write ")[1].split("\n")[0]
+    assert advice == "--warmup 0.06 --max-grad-norm 2"
+    assert finetune_config(parser.parse_args(base + advice.split() + ["--lr", "1e-4", "--no-group-by-length"])) == cfg
 
 
 def test_pretrain_new_syntax_matches_old(tmp_path):
