@@ -31,6 +31,20 @@ def how_stopped(err: KeyboardInterrupt) -> tuple[int, str]:
     return code, "stopped by SIGTERM" if code == Terminated.exit_code else "interrupted"
 
 
+# The line this process prints when an interrupt stops it, `{how}` left to fill: set by the CLI's entry point
+# (`bertpipe demo` runs `sweep` in-process, and the demo's words are the ones that apply). For code that must
+# end the process itself where the main thread cannot (local_ray's deadline after SIGTERM).
+_stopped_line = ["bertpipe: {how}"]
+
+
+def set_stopped_line(template: str) -> None:
+    _stopped_line[0] = template
+
+
+def stopped_line(err: KeyboardInterrupt) -> str:
+    return _stopped_line[0].format(how=how_stopped(err)[1])
+
+
 # The packages whose `raise ValueError(...)` is a message to the user (what to change).
 OUR_PACKAGES = ("launch", "pipeline", "model")
 

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Sequence
 
-from launch.errors import CliError, Terminated, disk_full_message, how_stopped
+from launch.errors import CliError, Terminated, disk_full_message, how_stopped, set_stopped_line
 from launch.log import setup_logging
 
 # name -> (module, one-line help). Order is the order of the pipeline.
@@ -127,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if entry_point:
             _end_within(EXIT_GRACE_S, command, code)
         return code
+    hint = getattr(module, "ON_INTERRUPT", "run the same command again to start over")
+    if entry_point:
+        set_stopped_line(f"bertpipe {command}: {{how}}; {hint}")
     try:
         return int(module.run(args) or 0)
     except CliError as err:
@@ -148,7 +151,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(1, f"bertpipe {command}: error: {message}{hint}\n")
     except KeyboardInterrupt as err:
         # One line, and how to continue: the command's partial output is left recognisably unfinished.
-        hint = getattr(module, "ON_INTERRUPT", "run the same command again to start over")
         code, how = how_stopped(err)  # 143: SIGTERM (`Terminated`, set by `_stop_on_sigterm` or a command)
         print(f"bertpipe {command}: {how}; {hint}", file=sys.stderr, flush=True)
         if entry_point:

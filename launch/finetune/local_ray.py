@@ -24,6 +24,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,9 @@ MARKER = ".bertpipe-ray-temp"
 _SOCKET_UNDER_TEMP = "/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
 TEMP_DIR_MAX = 107 - len(_SOCKET_UNDER_TEMP)
 POLL_S = 0.5  # how often the watchdog looks at the driver's process tree
+# After a SIGTERM, how long the driver may take to stop its local Ray before it is ended (`_EndIfStuck`); a clean
+# stop took ~10 s where the GCS had already gone, and Ray's own exit comes 60 s after the GCS went.
+STOP_WITHIN_S = 20
 AUTH_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
@@ -179,6 +183,7 @@ class LocalRay:
         import ray
 
         self.on_shutdown = on_shutdown  # right after ray.shutdown, before the watchdog's clean-up is waited for
+        self._handing_over = threading.Lock()
         self.temp_dir, self.owned = _make_temp_dir(temp_dir)
         self.token = f"{os.getpid()}-{os.urandom(8).hex()}"
         self.before = descendants(os.getpid())
@@ -212,11 +217,19 @@ class LocalRay:
                 os.environ.pop(OWNER_ENV, None)
             else:
                 os.environ[OWNER_ENV] = self._saved_env
+            self.hand_over()
+
+    def hand_over(self) -> None:
+        """Have the watchdog kill what is left of this Ray and remove its temp dir, and wait for that. Once:
+        the deadline after SIGTERM (`_EndIfStuck`) may call it while the main thread is still in `stop`."""
+        with self._handing_over:
+            if self.watchdog.returncode is not None:
+                return
             handed_over = True
             try:  # "stop" then EOF: the watchdog kills stragglers and removes the temp dir
                 self.watchdog.stdin.write(b"stop\n")
                 self.watchdog.stdin.close()
-            except OSError:
+            except (OSError, ValueError):  # ValueError: closed already, by an earlier hand-over cut short
                 handed_over = False
             try:
                 handed_over = self.watchdog.wait(timeout=30) == 0 and handed_over
@@ -266,11 +279,15 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
         return
     local = LocalRay(num_cpus, temp_dir, on_shutdown=sigterm.restore)
     logger.info("started a local Ray (%s CPUs, temp dir %s)", num_cpus or "all", local.temp_dir)
+    deadline = _EndIfStuck(STOP_WITHIN_S, before_exit=local.hand_over)
     try:
         with _sigterm_as_interrupt():
             yield
     finally:
-        local.stop()
+        try:
+            local.stop()
+        finally:
+            deadline.close()
 
 
 class _SigtermKept:
@@ -285,6 +302,53 @@ class _SigtermKept:
     def restore(self) -> None:
         if self.main and self.handler is not None:
             signal.signal(signal.SIGTERM, self.handler)
+
+
+class _EndIfStuck:
+    """Ends this process (the command's interrupt line, exit 143) if it has not stopped `seconds` after a SIGTERM.
+
+    A SIGTERM to the whole process group (`timeout`, a terminal's `kill -TERM -PGID`) stops the local Ray's GCS
+    too. A driver then blocked in a call to the GCS (Tune polls its resources) neither runs its Python signal
+    handler nor returns: Ray ends the process itself 60 s after the GCS went, with exit 1 and a line of its
+    own; and one whose handler did run can block the same way in `ray.shutdown`. The signal is seen here by
+    the C-level handler's write to `signal.set_wakeup_fd`, which happens even while the main thread is
+    blocked; then, after `seconds`, the watchdog is handed the clean-up (`before_exit`) and the process ends."""
+
+    def __init__(self, seconds: float, before_exit: Callable[[], None]):
+        self.done = threading.Event()
+        self.previous = None
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            return
+        self.reader, self.writer = socket.socketpair()
+        self.writer.setblocking(False)
+        self.previous = signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(seconds, before_exit), name="bertpipe-sigterm-deadline",
+                         daemon=True).start()
+
+    def _watch(self, seconds: float, before_exit: Callable[[], None]) -> None:
+        from launch.errors import Terminated, stopped_line
+
+        with self.reader:
+            while signal.SIGTERM not in (chunk := self.reader.recv(64)):
+                if not chunk:  # closed: the session ended
+                    return
+            if self.done.wait(seconds):
+                return
+            try:
+                before_exit()
+            finally:
+                print(stopped_line(Terminated()), file=sys.stderr, flush=True)
+                sys.stdout.flush()  # os._exit skips the interpreter's own flush
+                os._exit(Terminated.exit_code)
+
+    def close(self) -> None:
+        self.done.set()
+        if self.previous is None:
+            return
+        mine = signal.set_wakeup_fd(self.previous)
+        if mine != self.writer.fileno():  # another wakeup fd replaced ours meanwhile: it stays
+            signal.set_wakeup_fd(mine)
+        self.writer.close()  # the reader sees EOF
 
 
 @contextmanager
