@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,16 +17,31 @@ import pytest
 from repo_paths import REPO
 
 BERTPIPE = Path(sys.executable).with_name("bertpipe")
-# As a user runs it: Ray hides some warnings while PYTEST_CURRENT_TEST is set (ray._private.utils.is_in_test).
-def as_a_user() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def as_a_user(tmpdir: Path) -> dict[str, str]:
+    """The environment as a user has it: Ray hides some warnings while PYTEST_CURRENT_TEST is set
+    (`ray._private.utils.is_in_test`). TMPDIR: where the local Rays' temp dirs go."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, "TMPDIR": str(tmpdir)}
 
 
 @pytest.mark.slow(longest=True)
 def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     out = tmp_path / "demo"
+    # Short: Ray's socket paths under the local Rays' temp dirs have 107 bytes (a longer TMPDIR gives way to /tmp).
+    tmpdir = Path(tempfile.mkdtemp(prefix="bp-"))
+    try:
+        _run_demo_twice_and_another_steps(out, tmpdir)
+        # The first local Ray's shutdown wrote below its removed temp dir once the second had started (Ray
+        # kept the first one's spilling path in our settings dict), leaving an empty folder per demo.
+        assert not list(tmpdir.glob("bertpipe-ray-*")), list(tmpdir.iterdir())
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _run_demo_twice_and_another_steps(out: Path, tmpdir: Path) -> None:
     done = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20", "--seeds", "1"],
-                          capture_output=True, text=True, timeout=900, env=as_a_user())
+                          capture_output=True, text=True, timeout=900, env=as_a_user(tmpdir))
     assert done.returncode == 0, done.stderr[-4000:]
     manifest = json.loads((out / "corpus" / "manifest.json").read_text())
     assert manifest["num_instances"] > 1000 and {s["split"] for s in manifest["shards"]} == {"train", "heldout"}
@@ -74,7 +91,7 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     assert len(kept) == 7
     stamps = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept}
     again = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "20", "--seeds", "1"],
-                           capture_output=True, text=True, timeout=900, env=as_a_user())
+                           capture_output=True, text=True, timeout=900, env=as_a_user(tmpdir))
     assert again.returncode == 0, again.stderr[-4000:]
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept} == stamps
     assert "demo: bertpipe pretrain" not in again.stderr and "demo: bertpipe corpus --input" not in again.stderr
@@ -82,6 +99,6 @@ def test_demo_runs_every_stage_and_prints_the_table(tmp_path):
     assert again.stdout.count("| System | SST-2 | Average |") == 2 and "pre-training at scale: " in again.stdout
     # Other --steps: refused before any work, not answered with the 20-step model's numbers.
     other = subprocess.run([str(BERTPIPE), "demo", "--out", str(out), "--steps", "30", "--seeds", "1"],
-                           capture_output=True, text=True, timeout=900, env=as_a_user())
+                           capture_output=True, text=True, timeout=900, env=as_a_user(tmpdir))
     assert other.returncode == 2 and "holds a demo pre-trained for 20 steps, not --steps 30" in other.stderr
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in kept} == stamps
