@@ -43,12 +43,15 @@ def describe_run(run_dir: str | Path) -> str:
     return f"BERT {model.get('preset', '?')}{shape}, {steps} steps x {batch} sequences"
 
 
-def plot_loss(run_dir: str | Path, png_path: str | Path, title: str | None = None) -> Path:
+def plot_loss(run_dir: str | Path, png_path: str | Path, title: str | None = None,
+              nsp_majority: float | None = None) -> Path:
     """Two panels: the training loss (smoothed, raw faint behind it) and, when the run evaluated,
     held-out MLM accuracy (all targets, and at [MASK] alone when logged) and NSP accuracy on a 0-1 axis
     with NSP's chance level marked.
 
     title: what was trained on what (default: the model and steps from RUN/config.yaml).
+    nsp_majority: NSP's chance level, what always the corpus's commoner label scores on the held-out
+    instances (`pipeline.mlm_baseline`); 0.5 where not given, right only for a corpus of balanced pairs.
     """
     import matplotlib
 
@@ -79,7 +82,11 @@ def plot_loss(run_dir: str | Path, png_path: str | Path, title: str | None = Non
         if all(r.get("eval_nsp_accuracy") is not None for r in evals):
             acc.plot(eval_steps, [r["eval_nsp_accuracy"] for r in evals], "s-", color="tab:green",
                      label="held-out NSP accuracy")
-        acc.axhline(0.5, ls="--", lw=0.8, color="grey", label="NSP chance (0.5)")
+        if nsp_majority is None:
+            acc.axhline(0.5, ls="--", lw=0.8, color="grey", label="NSP chance (0.5)")
+        else:
+            acc.axhline(nsp_majority, ls="--", lw=0.8, color="grey",
+                        label=f"NSP: always the commoner label ({nsp_majority:.2f})")
         # A fixed 0-1 axis: a 0.05 -> 0.06 change must look as small as it is.
         acc.set_ylim(0.0, 1.0)
         acc.set_ylabel("accuracy")

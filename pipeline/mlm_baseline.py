@@ -25,6 +25,9 @@ class MlmBaseline:
     unigram: float  # held-out accuracy of always the commonest train target
     masked_share: float  # share of held-out targets that show [MASK] (the rest show a token)
     unigram_at_mask: float  # the same as `unigram`, at the targets that show [MASK] only
+    # held-out NSP accuracy of always the corpus's commoner label: not 0.5 where most pairs are random, as at
+    # seq 32, where BERT pairs a segment that fills its chunk alone with a random one
+    nsp_majority: float
 
 
 def no_context_mlm_accuracy(corpus: CorpusInfo | str | Path, max_samples: int | None = None) -> MlmBaseline:
@@ -43,5 +46,10 @@ def no_context_mlm_accuracy(corpus: CorpusInfo | str | Path, max_samples: int | 
     common = int(ShardedSplit(corpus, "train").masked_token_counts().argmax())
     masked = shown == mask_id
     hits = np.where(masked, target == common, shown == target)
+    counters = corpus.manifest.get("counters", {})
+    random_share = counters.get("instances_random_next", 0) / max(counters.get("instances", 0), 1)
+    labels = np.array([int(s["next_sentence_label"]) for s in samples])  # 1: B is a random segment
+    nsp_majority = float(np.mean(labels == int(random_share > 0.5)))
     return MlmBaseline(no_context=float(hits.mean()), unigram=float(np.mean(target == common)),
-                       masked_share=float(masked.mean()), unigram_at_mask=float(np.mean(target[masked] == common)))
+                       masked_share=float(masked.mean()), unigram_at_mask=float(np.mean(target[masked] == common)),
+                       nsp_majority=nsp_majority)

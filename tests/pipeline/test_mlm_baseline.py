@@ -38,6 +38,14 @@ def test_no_context_level_counts_the_targets_bert_leaves_visible(small_corpus, t
     assert ShardedSplit(small_corpus, "train").masked_token_counts().sum() == len(train)
     assert level.unigram_at_mask == pytest.approx(np.mean(target[masked] == common))
 
+    # NSP's chance level: what always the corpus's commoner label scores on the held-out pairs (not 0.5 where
+    # most are random, as at seq 32: the demo's loss.png drew 0.5 under a model at 0.80 that had learned nothing).
+    counters = open_corpus(small_corpus).manifest["counters"]
+    commoner = int(counters["instances_random_next"] > counters["instances"] / 2)
+    held = ShardedSplit(small_corpus, "heldout")
+    labels = np.array([int(s["next_sentence_label"]) for s in held.samples(np.arange(len(held)))])
+    assert level.nsp_majority == pytest.approx(np.mean(labels == commoner)) and 0 < level.nsp_majority < 1
+
     # On the first instances only, as a run's evaluation scores them (log.eval_samples).
     first = ShardedSplit(small_corpus, "heldout").samples(np.arange(40))
     few = np.concatenate([s["masked_lm_ids"] for s in first])
