@@ -185,8 +185,13 @@ def resolve_preset(name_or_path: str | Path) -> Path:
     preset = PRESET_DIR / f"{name_or_path}.yaml"
     if preset.is_file():
         return preset
-    names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-    raise ValueError(f"no config file or preset named {name_or_path!r}; presets: {', '.join(names) or 'none'}")
+    raise ValueError(f"no config file or preset named {name_or_path!r}; presets: {', '.join(preset_names()) or 'none'}")
+
+
+def preset_names() -> list[str]:
+    """The presets in launch/configs/, smallest first (as `--help` lists them)."""
+    order = ("tiny", "demo", "demo-seq64", "bert-base", "bert-large-phase1", "bert-large-phase2")
+    return sorted((p.stem for p in PRESET_DIR.glob("*.yaml")), key=lambda n: (order.index(n) if n in order else len(order), n))
 
 
 class StrictYamlLoader(yaml.SafeLoader):

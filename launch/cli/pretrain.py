@@ -3,7 +3,7 @@
   bertpipe pretrain --config tiny --data CORPUS --out RUN [--section.key VALUE ...] [--nproc N]
   bertpipe pretrain --data CORPUS --out RUN --resume          # continue from the newest verified checkpoint
 
---config is a preset (tiny, demo, bert-base, bert-large-phase1, bert-large-phase2) or a YAML file; a flag
+--config is a preset (tiny, demo, demo-seq64, bert-base, bert-large-phase1, bert-large-phase2) or a YAML file; a flag
 overrides any field of it (`--zero.stage 2 --optim.lr 1e-3`; `--max-steps N` is
 `--schedule.total-steps N`). The old `zero.stage=2` form still works, with a warning. The defaults
 below are the config tree's own: a preset replaces most of them (launch/configs/PRESET.yaml), and the

@@ -1,6 +1,6 @@
 """The pre-training config tree (`bertpipe pretrain --config`), one YAML as the source of truth.
 
-Presets live in `launch/configs/` (tiny, demo, bert-base, bert-large-phase1, bert-large-phase2). The
+Presets live in `launch/configs/` (tiny, demo, demo-seq64, bert-base, bert-large-phase1, bert-large-phase2). The
 DeepSpeed JSON is generated from this tree by `launch/pretrain/deepspeed_config.py`; nothing reads it back.
 
 Batch sizes: `data.global_batch_size` samples make one optimizer step, whatever the world size;

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from launch.config import preset_names
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
 from launch.log import global_rank, setup_logging
 from launch.pretrain.pretrain_config import PretrainConfig
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # LOCAL_RANK in the environment is what we use.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     add_config_flags(parser, PretrainConfig, aliases=ALIASES,
-                     config_help="preset name (tiny, demo, bert-base, bert-large-phase1, bert-large-phase2) or YAML file "
+                     config_help=f"preset name ({', '.join(preset_names())}) or YAML file "
                      "(default with --resume: RUN/config.yaml); flags given here win")
 
 
@@ -51,7 +52,7 @@ def load_run_config(args: argparse.Namespace) -> PretrainConfig:
     if config is None:
         saved = args.out / "config.yaml"
         if not (args.resume and saved.is_file()):
-            raise ValueError("pass --config PRESET_OR_YAML (presets: tiny, demo, bert-base, bert-large-phase1, bert-large-phase2)")
+            raise ValueError(f"pass --config PRESET_OR_YAML (presets: {', '.join(preset_names())})")
         config = saved
     warn_deprecated("pretrain", args.overrides)
     return config_from_args(args, PretrainConfig, legacy=args.overrides, preset=True, config_file=config)

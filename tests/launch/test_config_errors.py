@@ -59,7 +59,7 @@ def test_every_numeric_field_has_a_range():
     numeric = {".".join(path) for path, _, annotation, _ in _leaves(PretrainConfig)
                if _without_none(annotation) in (int, float)}
     assert numeric - {"zero.stage"} == set(_RANGES) - {"model.compile_mode"}  # zero.stage has its own check (0, 1, 2 or 3)
-    for preset in ("tiny", "demo", "bert-base", "bert-large-phase1", "bert-large-phase2"):
+    for preset in ("tiny", "demo", "demo-seq64", "bert-base", "bert-large-phase1", "bert-large-phase2"):
         validate(load_config(PretrainConfig, preset), world_size=1, device_type="cuda")  # the ranges hold
 
 
@@ -114,3 +114,15 @@ def test_model_fields_from_yaml_are_coerced(tmp_path):
     assert isinstance(cfg.model.fields["hidden_dropout_prob"], float)
     bert = BertConfig.preset(cfg.model.preset, vocab_size=100, **cfg.model.fields)  # what the trainer does
     assert bert.hidden_dropout_prob == 0.0 and bert.unpad is True
+
+
+def test_every_preset_is_named_where_presets_are_listed():
+    # The list was written out in five places; a new preset (demo-seq64) must reach every one.
+    from launch.config import PRESET_DIR, preset_names
+    from repo_paths import REPO
+
+    names = preset_names()
+    assert sorted(names) == sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) and names[0] == "tiny"
+    listed = ", ".join(names)
+    for doc in ("README.md", "launch/cli/pretrain.py", "launch/pretrain/pretrain_config.py"):
+        assert listed in " ".join((REPO / doc).read_text(encoding="utf-8").split()), doc
