@@ -1,11 +1,12 @@
 """Where does from-scratch pre-training start to pay on SST-2? (issue 13's demo, measured on a GPU)
 
-The demo pre-trains its tiny model on the bundled ~1M-token corpus for 600 steps on 2 CPU cores and
-then fine-tunes SST-2 from that checkpoint and from random init; the pre-trained one is behind
-(docs/RESULTS.md, "The demo"). This script measures how much pre-training compute the same corpus,
-vocabulary and fine-tuning settings need before the checkpoint beats random init:
+The demo pre-trained its tiny model on the bundled ~1M-token corpus at seq 64 for 600 steps on 2 CPU cores
+(`--config demo-seq64`, its recipe until 2026-11-27) and then fine-tuned SST-2 from that checkpoint and from
+random init; the pre-trained one was behind (docs/RESULTS.md, "The demo"). This script measures how much
+pre-training compute the same corpus, vocabulary and fine-tuning settings need before the checkpoint beats
+random init (`DEMO_OUT/corpus` below: a seq-64 corpus, built by the corpus command in docs/RESULTS.md):
 
-  1. each `--run NAME:PRESET:OPTIM:LR[:BATCH]` pre-trains with `bertpipe pretrain --config demo` (its corpus,
+  1. each `--run NAME:PRESET:OPTIM:LR[:BATCH]` pre-trains with `bertpipe pretrain --config demo-seq64` (its corpus,
      vocabulary and seq 64; the model preset, optimizer, lr and batch as named (default batch `--batch`), dynamic
      masking, constant lr after warm-up so that every checkpoint along the way is a fair stopping
      point), all runs side by side on the one device, until `--steps` or `--budget-s` seconds
@@ -71,7 +72,7 @@ def pretrain_all(args: argparse.Namespace, out: Path) -> dict[str, float]:
     procs, started = {}, time.monotonic()
     for run in args.run:
         name = run.name
-        argv = ["pretrain", "--config", "demo", "--data", str(args.corpus), "--out", str(out / name), "--nproc", "1",
+        argv = ["pretrain", "--config", "demo-seq64", "--data", str(args.corpus), "--out", str(out / name), "--nproc", "1",
                 "--model.preset", run.preset, "--optim.name", run.optim, "--optim.lr", run.lr, "--max-steps", str(args.steps),
                 "--data.global-batch-size", str(run.batch), "--data.micro-batch-size", str(run.batch),
                 "--data.dynamic-masking", "true", "--schedule.decay", "constant", "--schedule.warmup-steps",

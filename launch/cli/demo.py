@@ -2,8 +2,8 @@
 
 Steps (each is the real subcommand, called in-process with the same flags a user would type):
   1. corpus    Wikipedia dump sample + two Austen novels -> a WordPiece vocab trained on them and a
-               sharded Arrow corpus (seq 64), then `corpus inspect`
-  2. pretrain  the `demo` config (tiny BERT, 2 layers), 2 local DeepSpeed processes (gloo), 600 steps;
+               sharded Arrow corpus (seq 32), then `corpus inspect`
+  2. pretrain  the `demo` config (tiny BERT, 2 layers), 2 local DeepSpeed processes (gloo), 2,000 steps;
                its held-out MLM accuracy is printed beside what a model using no context scores,
                and its accuracy where [MASK] shows beside always guessing the commonest token
   3. export    the run -> a Hugging Face model directory; the loss curve -> loss.png
@@ -26,11 +26,15 @@ import shutil
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launch.cli import main as cli_main
 from launch.errors import CliError, Terminated
 from launch.log import get_logger, setup_logging
 from pipeline.output_lock import LOCK_NAME, OutputLock, OutputLocked, mark_output
+
+if TYPE_CHECKING:
+    from pipeline.mlm_baseline import MlmBaseline
 
 log = get_logger(__name__)
 
@@ -40,7 +44,7 @@ DATA = REPO / "data"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")
-    parser.add_argument("--steps", type=int, default=600, help="pre-training steps (default: 600)")
+    parser.add_argument("--steps", type=int, default=2000, help="pre-training steps (default: 2000)")
     parser.add_argument("--seeds", type=int, default=3,
                         help="fine-tuning seeds for each pre-trained and random-init model (default: 3)")
     parser.add_argument("--nproc", type=int, default=2, help="local DeepSpeed processes (default: 2)")
@@ -59,6 +63,8 @@ WRITTEN = ("corpus", "run", "hf_model", "sweep", "loss.png", "demo_grid.yaml", "
 # Step 5: the real MiniLM fine-tuned on a subset of SST-2 (1 epoch of 1,000 sentences, 31 steps, ~2 minutes for 3
 # seeds of both inits on 2 cores): pre-trained it reaches ~82%, above the tiny model's random init on all 6,920.
 REFERENCE_TRAIN_SAMPLES = 1000
+# The corpus's sequence length, with launch/configs/demo.yaml: at 64 the tiny model learns no context in minutes.
+SEQ_LEN = 32
 REFERENCE_GRID = "init: [checkpoint, random]\nlr: [2.0e-4]\nbatch_size: [32]\nepochs: [1]\n"
 
 
@@ -129,13 +135,17 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     if done_steps is not None and done_steps != args.steps:
         raise CliError(f"{out} holds a demo pre-trained for {done_steps} steps, not --steps {args.steps}: pass "
                        f"--fresh to pre-train again (it deletes only what the demo wrote), or --steps {done_steps}")
+    seq_len = _corpus_seq_len(corpus)
+    if seq_len not in (None, SEQ_LEN):  # an earlier release's demo (seq 64): its corpus would be trained on as is
+        raise CliError(f"{out} holds a demo corpus of seq {seq_len}; this demo builds seq {SEQ_LEN}: pass --fresh "
+                       "(it deletes only what the demo wrote) or choose another --out")
     mark_output(out, MARKER, "demo")  # what lets a rerun reuse, and --fresh delete, the demo's own files
 
     if not (corpus / "manifest.json").is_file():
         _step("corpus", [
             "corpus", "--input", str(DATA / "wiki"), str(DATA / "books"),
             "--train-vocab-size", "4000",  # BERT's 30,522 pieces would be most of this model; see configs/demo.yaml
-            "--out", str(corpus), "--seq-len", "64", "--dupe-factor", "3", "--seed", "12345",
+            "--out", str(corpus), "--seq-len", str(SEQ_LEN), "--dupe-factor", "3", "--seed", "12345",
             "--num-shards", "4", "--heldout-fraction", "0.05", "--progress-seconds", "0",
         ])
     _step("corpus inspect", ["corpus", "inspect", str(corpus), "--examples", "2"])
@@ -148,9 +158,9 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         _step("export", ["export", str(run_dir), "--out", str(hf_dir)])
     from launch.plots import plot_loss
 
-    png = plot_loss(run_dir, out / "loss.png")
+    pretrained, level = _mlm_summary(run_dir, corpus)
+    png = plot_loss(run_dir, out / "loss.png", nsp_majority=None if level is None else level.nsp_majority)
     log.info("demo: loss curve written to %s", png)
-    pretrained = _mlm_summary(run_dir, corpus)
     print(pretrained)
 
     if not args.skip_sweep:
@@ -169,7 +179,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         reference = None if args.skip_reference else _reference(args, out)
         print(pretrained)
         print(init_comparison(json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))["trials"]))
-        print("where pre-training from scratch on this corpus starts to pay (a 4-layer model, 800-1,600x this compute, "
+        print("where pre-training from scratch on this corpus starts to pay (a 4-layer model, some 250-500x this compute, "
               "on a GPU): docs/RESULTS.md, 'On a GPU'")
         if reference:
             print(reference)
@@ -204,9 +214,22 @@ def _reference(args: argparse.Namespace, out: Path) -> str:
             f"~50%): " + init_comparison(trials))
 
 
-def _mlm_summary(run_dir: Path, corpus: Path) -> str:
-    """The run's last held-out MLM accuracy beside what a model using no context scores on the same
-    targets (pipeline/mlm_baseline.py: the unigram rate alone would flatter a model that only copies)."""
+def _corpus_seq_len(corpus: Path) -> int | None:
+    """The finished corpus's seq len, from its manifest (None where there is no finished corpus)."""
+    from pipeline.corpus_info import open_corpus
+
+    if not (corpus / "manifest.json").is_file():
+        return None
+    try:
+        return open_corpus(corpus).seq_len
+    except ValueError as err:  # a damaged manifest: named, and how to go on
+        raise CliError(f"{err}; or pass --fresh to build the demo again") from None
+
+
+def _mlm_summary(run_dir: Path, corpus: Path) -> tuple[str, MlmBaseline | None]:
+    """The run's last held-out MLM (and NSP) accuracy beside what a model using no context scores on the same
+    instances (pipeline/mlm_baseline.py: the unigram rate alone would flatter a model that only copies), and
+    those no-context levels."""
     from launch.config import load_config
     from launch.pretrain.pretrain_config import PretrainConfig
     from launch.pretrain.training_log import read_metrics
@@ -214,16 +237,18 @@ def _mlm_summary(run_dir: Path, corpus: Path) -> str:
 
     evals = [e for e in read_metrics(run_dir) if "eval_mlm_accuracy" in e]
     if not evals:
-        return "pre-training: no held-out evaluation was logged"
+        return "pre-training: no held-out evaluation was logged", None
     scored = load_config(PretrainConfig, str(run_dir / "config.yaml")).log.eval_samples  # the instances it scored
     last, level = evals[-1], no_context_mlm_accuracy(corpus, max_samples=scored)
-    at_mask = last.get("eval_mlm_accuracy_at_mask")
+    at_mask, nsp = last.get("eval_mlm_accuracy_at_mask"), last.get("eval_nsp_accuracy")
     return (f"pre-training: held-out MLM accuracy {100 * last['eval_mlm_accuracy']:.1f}% after {last['step']} steps; "
             f"a model that uses no context scores {100 * level.no_context:.1f}% (the commonest token where "
             f"[MASK] shows, the visible token at the {100 * (1 - level.masked_share):.0f}% of targets BERT leaves "
             f"visible; the commonest token alone: {100 * level.unigram:.1f}%)"
             + ("" if at_mask is None else f"\npre-training: where [MASK] shows, only context can help: "
-               f"{100 * at_mask:.1f}% right, against {100 * level.unigram_at_mask:.1f}% for always the commonest token"))
+               f"{100 * at_mask:.1f}% right, against {100 * level.unigram_at_mask:.1f}% for always the commonest token")
+            + ("" if nsp is None else f"\npre-training: held-out next-sentence accuracy {100 * nsp:.1f}%, against "
+               f"{100 * level.nsp_majority:.1f}% for always the corpus's commoner label")), level
 
 
 def init_comparison(trials: list[dict]) -> str:

@@ -57,7 +57,13 @@ def _run_demo_twice_and_another_steps(out: Path, tmpdir: Path) -> None:
                     r".*the commonest token alone: ([\d.]+)%", done.stdout)
     assert mlm and 0 < float(mlm[3]) < float(mlm[2]) < 30, done.stdout[-2000:]
     at_mask = re.search(r"where \[MASK\] shows, only context can help: ([\d.]+)% right, against ([\d.]+)%", done.stdout)
-    assert at_mask and float(at_mask[2]) == float(mlm[3]) and 0 <= float(at_mask[1]) < 30, done.stdout[-2000:]
+    # the commonest token's rate at [MASK] is about its rate over all targets (3.5% and 3.4% here)
+    assert at_mask and abs(float(at_mask[2]) - float(mlm[3])) < 1 and 0 <= float(at_mask[1]) < 30, done.stdout[-2000:]
+    # NSP beside its own chance level: at seq 32 most pairs are random (BERT pairs a segment that fills its chunk
+    # with a random one), so always "random" scores ~80%, not 50%.
+    nsp = re.search(r"held-out next-sentence accuracy ([\d.]+)%, against ([\d.]+)% for always the corpus's commoner "
+                    r"label", done.stdout)
+    assert nsp and 65 < float(nsp[2]) < 95, done.stdout[-2000:]
     assert re.search(r"SST-2 dev accuracy over 1 seed\(s\): pre-trained [\d.]+%, random init [\d.]+%; "
                      r"pre-training adds [+-][\d.]+ points", done.stdout), done.stdout[-2000:]
     # ... and where it would pay, a pointer to a section that exists.

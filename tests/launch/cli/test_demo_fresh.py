@@ -122,3 +122,19 @@ def test_the_reference_checkpoint_is_found_where_make_install_puts_it():
 
     assert (minilm_dir() / "config.json").is_file()
     assert f"--no-deps {PACKAGE}" in (REPO / "Makefile").read_text(encoding="utf-8")  # one pin, two homes kept equal
+
+
+def test_an_earlier_releases_seq_64_demo_corpus_is_refused_not_trained_on(small_corpus, tmp_path, capsys):
+    # The demo moved to seq 32 (launch/configs/demo.yaml); an --out of an older demo, stopped before its export,
+    # held a finished seq-64 corpus that the new demo would have reused as is.
+    import shutil
+
+    out = tmp_path / "d"
+    shutil.copytree(small_corpus, out / "corpus")
+    (out / MARKER).write_text("demo")
+    with pytest.raises(SystemExit) as err:
+        cli.main(["demo", "--out", str(out)])
+    assert err.value.code == 2
+    assert (f"{out} holds a demo corpus of seq 64; this demo builds seq 32: pass --fresh (it deletes only what the "
+            "demo wrote) or choose another --out") in capsys.readouterr().err
+    assert not (out / "run").exists()
