@@ -5,7 +5,8 @@ Steps (each is the real subcommand, called in-process with the same flags a user
                sharded Arrow corpus (seq 32), then `corpus inspect`
   2. pretrain  the `demo` config (tiny BERT, 2 layers), 2 local DeepSpeed processes (gloo), 2,000 steps;
                its held-out MLM accuracy is printed beside what a model using no context scores,
-               and its accuracy where [MASK] shows beside always guessing the commonest token
+               its accuracy where [MASK] shows beside always guessing the commonest token, and its
+               next-sentence accuracy beside always giving the corpus's commoner label
   3. export    the run -> a Hugging Face model directory; the loss curve -> loss.png
   4. sweep     Ray Tune trials fine-tuning on bundled SST-2 the pre-trained checkpoint and the same
                architecture from random initialisation (`--init random`), --seeds each; both and the
