@@ -209,6 +209,9 @@ class LocalRay:
     def stop(self) -> None:
         import ray
 
+        # While Ray shuts down too: the handler `ray.init` set (back since the sweep's own ended) exits 15
+        # on SIGTERM, silently, leaving the temp dir to no one.
+        self.on_shutdown()
         try:
             ray.shutdown()
         finally:
@@ -316,6 +319,10 @@ class _EndIfStuck:
 
     def __init__(self, seconds: float, before_exit: Callable[[], None]):
         self.done = threading.Event()
+        # Who ends the process is decided once, under this lock: the deadline (which then prints the line), or
+        # the main thread's `close` (whose caller prints it); never both.
+        self._decide = threading.Lock()
+        self._ending = False
         self.previous = None
         if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
             return
@@ -334,6 +341,10 @@ class _EndIfStuck:
                     return
             if self.done.wait(seconds):
                 return
+            with self._decide:
+                if self.done.is_set():
+                    return
+                self._ending = True
             try:
                 before_exit()
             finally:
@@ -342,7 +353,11 @@ class _EndIfStuck:
                 os._exit(Terminated.exit_code)
 
     def close(self) -> None:
-        self.done.set()
+        with self._decide:
+            self.done.set()
+            ending = self._ending
+        if ending:  # the deadline is ending the process, its line printed: nothing after this may print
+            threading.Event().wait()
         if self.previous is None:
             return
         mine = signal.set_wakeup_fd(self.previous)

@@ -350,3 +350,70 @@ def test_sigterm_after_the_local_rays_gcs_went_still_stops_the_sweep_in_one_line
                      "plus --resume"], after
     assert took < 45, took  # ended by the deadline (local_ray.STOP_WITHIN_S), before Ray's own exit at 60 s
     assert not ray_temp.exists() and (out / "trials" / "sst2-bs32-ep1-lr5e-05-seed1" / RECORD).is_file()
+
+
+SIGTERM_IN_SHUTDOWN = """
+import os, signal, sys
+import ray
+from launch.errors import Terminated
+from launch.finetune.local_ray import ray_session
+
+def stop(signum, frame):  # what the CLI's entry point installs (launch.cli._stop_on_sigterm)
+    raise Terminated
+
+signal.signal(signal.SIGTERM, stop)
+real = ray.shutdown
+
+def shutdown(*args, **kwargs):  # the SIGTERM lands while the finished sweep stops its Ray
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+
+ray.shutdown = shutdown
+try:
+    with ray_session(num_cpus=1, temp_dir=sys.argv[1]):
+        pass
+except Terminated:
+    print("terminated", flush=True)
+    os._exit(143)
+print("not stopped", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_local_ray_shuts_down_is_the_commands_interrupt(ray_temp):
+    # Ray's own handler (`ray.init`'s, back once the sweep's ended) was in place while Ray shut down: a SIGTERM
+    # then exited 15, silently, and the demo called its sweep step "failed (exit code 15)".
+    done = subprocess.run([sys.executable, "-c", SIGTERM_IN_SHUTDOWN, str(ray_temp)], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert (done.returncode, done.stdout.strip()) == (143, "terminated"), (done.returncode, done.stderr[-2000:])
+    assert not ray_temp.exists()
+
+
+DEADLINE_RACE = """
+import os, signal, sys, threading, time
+from launch.errors import set_stopped_line
+from launch.finetune.local_ray import _EndIfStuck
+
+set_stopped_line("bertpipe sweep: {how}; the deadline's line")
+signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the main thread is past its own handler
+handing_over = threading.Lock()  # LocalRay.hand_over's, which the main thread holds as the deadline comes
+
+def hand_over():
+    with handing_over:
+        pass
+
+deadline = _EndIfStuck(0.5, before_exit=hand_over)
+with handing_over:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1.5)  # the watchdog's clean-up, slower than the deadline
+deadline.close()
+print("bertpipe sweep: stopped by SIGTERM; the main thread's line", file=sys.stderr, flush=True)
+"""
+
+
+def test_the_deadline_and_the_main_thread_never_both_report_the_interrupt():
+    # The main thread, in LocalRay.hand_over when the deadline came, returned and printed the CLI's line, and the
+    # deadline thread, let through by the same lock, printed its own and ended the process: two lines.
+    done = subprocess.run([sys.executable, "-c", DEADLINE_RACE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143 and done.stderr.splitlines() == [
+        "bertpipe sweep: stopped by SIGTERM; the deadline's line"], (done.returncode, done.stderr)
