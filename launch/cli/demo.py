@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 ON_INTERRUPT = "run the same demo command again (no --resume): it continues where it stopped"
 MARKER = ".bertpipe-demo"
 WRITTEN = ("corpus", "run", "hf_model", "sweep", "loss.png", "demo_grid.yaml", "reference", "reference_grid.yaml", MARKER)
-# Step 5: the real MiniLM fine-tuned on a subset of SST-2 (1 epoch of 1,000 sentences, 31 steps, ~2 minutes for 3
+# Step 5: the real MiniLM fine-tuned on a subset of SST-2 (1 epoch of 1,000 sentences, 32 steps, ~2 minutes for 3
 # seeds of both inits on 2 cores): pre-trained it reaches ~82%, above the tiny model's random init on all 6,920.
 REFERENCE_TRAIN_SAMPLES = 1000
 # The corpus's sequence length, with launch/configs/demo.yaml: at 64 the tiny model learns no context in minutes.
@@ -132,14 +132,15 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         _clear_previous_demo(out)
     from launch.checkpoint_dirs import exported_step
 
+    # First: an earlier release's demo (seq 64), whose corpus would be trained on as is; --steps cannot help it.
+    seq_len = _corpus_seq_len(corpus)
+    if seq_len not in (None, SEQ_LEN):
+        raise CliError(f"{out} holds a demo corpus of seq {seq_len}; this demo builds seq {SEQ_LEN}: pass --fresh "
+                       "(it deletes only what the demo wrote) or choose another --out")
     done_steps = exported_step(hf_dir)
     if done_steps is not None and done_steps != args.steps:
         raise CliError(f"{out} holds a demo pre-trained for {done_steps} steps, not --steps {args.steps}: pass "
                        f"--fresh to pre-train again (it deletes only what the demo wrote), or --steps {done_steps}")
-    seq_len = _corpus_seq_len(corpus)
-    if seq_len not in (None, SEQ_LEN):  # an earlier release's demo (seq 64): its corpus would be trained on as is
-        raise CliError(f"{out} holds a demo corpus of seq {seq_len}; this demo builds seq {SEQ_LEN}: pass --fresh "
-                       "(it deletes only what the demo wrote) or choose another --out")
     mark_output(out, MARKER, "demo")  # what lets a rerun reuse, and --fresh delete, the demo's own files
 
     if not (corpus / "manifest.json").is_file():

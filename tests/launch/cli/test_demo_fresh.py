@@ -129,9 +129,14 @@ def test_an_earlier_releases_seq_64_demo_corpus_is_refused_not_trained_on(small_
     # held a finished seq-64 corpus that the new demo would have reused as is.
     import shutil
 
+    from launch.checkpoint_dirs import EXPORT_MARKER
+
     out = tmp_path / "d"
     shutil.copytree(small_corpus, out / "corpus")
     (out / MARKER).write_text("demo")
+    # A finished one, exported at 600 steps: told --steps 600 first, the user then met the seq-64 refusal.
+    (out / "hf_model").mkdir()
+    (out / "hf_model" / EXPORT_MARKER).write_text('{"tag": "global_step600"}')
     with pytest.raises(SystemExit) as err:
         cli.main(["demo", "--out", str(out)])
     assert err.value.code == 2
