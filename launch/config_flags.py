@@ -247,15 +247,39 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     return tree
 
 
-def warn_deprecated(command: str, forms: Sequence[str]) -> None:
+def as_flag(form: str, cls: type, flag_names: dict[str, str] | None = None) -> str | None:
+    """A `key=value` override as the flag that sets the same field of `cls` (`warmup=0.06` -> `--warmup 0.06`;
+    a mapping field's key as its item, `model.fields.unpad=true` -> `--model.fields unpad=true`), or None
+    where `key` names no field (the config's own error then says which keys there are)."""
+    key, _, value = form.partition("=")
+    parts = tuple(part.strip() for part in key.split("."))
+    leaves = {path: annotation for path, _, annotation, _ in _leaves(cls)}
+    for n in range(len(parts), 0, -1):
+        if parts[:n] not in leaves:
+            continue
+        flag = (flag_names or {}).get(".".join(parts[:n]), _flag_of(parts[:n]))
+        mapping = typing.get_origin(_without_none(leaves[parts[:n]])) is dict
+        if n < len(parts):
+            return f"{flag} {shlex.quote('.'.join(parts[n:]) + '=' + value)}" if mapping else None
+        try:  # `model.fields={unpad: true}`: the flag takes its items
+            items = _yaml_value(value) if mapping else None
+        except argparse.ArgumentTypeError:  # the config's own error names it next
+            items = None
+        if isinstance(items, dict):
+            return " ".join([flag] + [shlex.quote(f"{k}={json_like(v)}") for k, v in items.items()])
+        return f"{flag} {shlex.quote(value)}"
+    return None
+
+
+def warn_deprecated(command: str, forms: Sequence[str], cls: type, flag_names: dict[str, str] | None = None) -> None:
     """The old override forms still work, with one line saying what to write instead: these very overrides as
-    flags (a fixed example named flags that most commands lack, `--optim.lr` to `finetune`)."""
+    this command's flags (a fixed example named flags that most commands lack, `--optim.lr` to `finetune`)."""
     if forms:
         more = " ..." if len(forms) > 3 else ""
-        as_flags = [f"{_flag_of(tuple(key.strip().split('.')))} {shlex.quote(value)}"
-                    for key, _, value in (form.partition("=") for form in forms[:3])]
+        flags = [flag for flag in (as_flag(form, cls, flag_names) for form in forms[:3]) if flag]
         log.warning("bertpipe %s: %s: the `key=value` / `--set key=value` override forms are deprecated; "
-                    "write %s", command, " ".join(forms[:3]) + more, " ".join(as_flags) + more)
+                    "write %s", command, " ".join(forms[:3]) + more,
+                    " ".join(flags) + more if flags else "`--key value`")
 
 
 def config_from_args(args: argparse.Namespace, cls: type, *, legacy: Sequence[str] = (), preset: bool = False,

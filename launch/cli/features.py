@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from launch.finetune.feature_extraction import FeatureExtractor, read_texts
     from launch.finetune.finetune_config import FeaturesConfig
 
-    warn_deprecated("features", args.overrides)
+    warn_deprecated("features", args.overrides, FeaturesConfig)
     cfg = config_from_args(args, FeaturesConfig, legacy=args.overrides)
     if cfg.batch_size < 1 or cfg.max_seq_len < 2:
         raise CliError("--batch-size must be >= 1 and --max-seq-len >= 2")

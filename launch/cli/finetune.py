@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, command: str = "finetune", **fixed: Any) -> FinetuneConfig:
     """Defaults <- --config YAML <- deprecated --set overrides <- flags, strictly typed and validated."""
-    warn_deprecated(command, args.overrides)
+    warn_deprecated(command, args.overrides, FinetuneConfig)
     cfg = config_from_args_of(args, FinetuneConfig, legacy=args.overrides, fixed=fixed)
     try:
         cfg.validate()

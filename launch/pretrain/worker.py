@@ -54,7 +54,7 @@ def load_run_config(args: argparse.Namespace) -> PretrainConfig:
         if not (args.resume and saved.is_file()):
             raise ValueError(f"pass --config PRESET_OR_YAML (presets: {', '.join(preset_names())})")
         config = saved
-    warn_deprecated("pretrain", args.overrides)
+    warn_deprecated("pretrain", args.overrides, PretrainConfig)
     return config_from_args(args, PretrainConfig, legacy=args.overrides, preset=True, config_file=config)
 
 

@@ -172,6 +172,34 @@ def test_old_override_forms_still_work_with_a_warning(caplog):
     assert finetune_config(parser.parse_args(base + advice.split() + ["--lr", "1e-4", "--no-group-by-length"])) == cfg
 
 
+@pytest.mark.parametrize("command, form, flags", [
+    ("corpus", "input_format=text", ["--format", "text"]),  # the flag a command renamed (FLAG_NAMES)
+    ("pretrain", "model.fields.hidden_dropout_prob=0.1", ["--model.fields", "hidden_dropout_prob=0.1"]),  # a mapping's item
+    ("pretrain", "model.fields={unpad: true}", ["--model.fields", "unpad=true"]),
+    ("pretrain", "optim.lr=0.5", ["--optim.lr", "0.5"]),
+])
+def test_the_deprecation_advice_is_a_flag_the_command_has(command, form, flags):
+    from launch.config_flags import as_flag
+    from launch.cli.corpus import FLAG_NAMES
+    from launch.pretrain.pretrain_config import PretrainConfig
+    from pipeline.corpus_job import CorpusConfig
+
+    from launch.config_flags import config_from_args
+
+    cls, names = (CorpusConfig, FLAG_NAMES) if command == "corpus" else (PretrainConfig, None)
+    assert as_flag(form, cls, names) == " ".join(flags)
+    # ... and that flag sets what the old form set
+    parser = cli.build_parser(command)
+    base = ["--input", "x", "--out", "o"] if command == "corpus" else ["--config", "tiny", "--data", "c", "--out", "r"]
+    legacy = "action" if command == "corpus" else "overrides"
+    old, new = parser.parse_args(base + [form]), parser.parse_args(base + flags)
+    preset = command == "pretrain"
+    assert (config_from_args(old, cls, legacy=getattr(old, legacy), preset=preset)
+            == config_from_args(new, cls, legacy=getattr(new, legacy), preset=preset)
+            != config_from_args(parser.parse_args(base), cls, preset=preset))
+    assert as_flag("no_such_key=1", cls, names) is None
+
+
 def test_pretrain_new_syntax_matches_old(tmp_path):
     from launch.pretrain.worker import add_arguments, load_run_config
 
