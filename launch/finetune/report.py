@@ -192,8 +192,10 @@ def grid_lines(trials: Sequence[dict[str, Any]], task: str) -> dict[str, dict[fl
             for label, by_x in sorted(lines.items(), key=lambda kv: str(kv[0]))}
 
 
-def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any]], path: Path) -> None:
-    """Dev metric against the learning rate (`x_setting`), one line per `grid_lines` label, one panel per task."""
+def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any]], path: Path,
+              name: str | None = None) -> None:
+    """Dev metric against the learning rate (`x_setting`), one line per `grid_lines` label, one panel per task;
+    `name` (the checkpoint's, as results.md names it) above them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,6 +219,8 @@ def plot_grid(trials: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any
         ax.set_title(TITLES.get(task, task))
         if lines:
             ax.legend(fontsize=7)
+    if name:
+        fig.suptitle(name, fontsize="medium")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -396,5 +396,5 @@ def write_results(out: Path, trials: list[dict[str, Any]], *, name: str, grid: A
     write_text_atomic(out / "results.json", json.dumps({"summary": summary, **extra, "trials": trials}, indent=2,
                                                        default=str) + "\n")
     write_text_atomic(out / "results.md", table)
-    plot_grid(trials, summary, out / "sweep.png")
+    plot_grid(trials, summary, out / "sweep.png", name=name)
     return SweepResult(out, summary, trials, table)
