@@ -356,7 +356,7 @@ class _EndIfStuck:
         with self._decide:
             self.done.set()
             ending = self._ending
-        if ending:  # the deadline is ending the process, its line printed: nothing after this may print
+        if ending:  # the deadline ends the process and prints the line: nothing here may print after it
             threading.Event().wait()
         if self.previous is None:
             return
