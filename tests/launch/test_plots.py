@@ -49,10 +49,18 @@ def test_loss_png_has_both_panels_and_is_titled_with_what_was_trained(run_dir, t
     image = matplotlib.image.imread(png)
     assert image.shape[0] >= 600 and image.shape[1] >= 800  # 7x6 inches at 120 dpi
     assert image[..., :3].std() > 0.05, "blank image"
-    assert _colour_share(image, (31, 119, 180)) > 0.002  # the loss (tab:blue)
+    assert _colour_share(image, (31, 119, 180)) > 0.002  # the smoothed loss (tab:blue)
+    # The raw loss, faint behind it: tab:blue at alpha 0.3 over white (0.0003 of the pixels without it).
+    assert _colour_share(image, (188, 214, 233), tol=30) > 0.0015
     assert _colour_share(image, (255, 127, 14)) > 0.0005  # held-out MLM accuracy (tab:orange)
     assert _colour_share(image, (44, 160, 44)) > 0.0005  # held-out NSP accuracy (tab:green)
+    # The title is what was trained: the default draws the same pixels as that text given as the title, and
+    # another title draws other pixels (so the title is drawn at all).
     assert describe_run(run_dir) == "BERT tiny (L2/H64), 200 steps x 32 sequences"
+    said = matplotlib.image.imread(plot_loss(run_dir, tmp_path / "said.png",
+                                             title="pre-training: BERT tiny (L2/H64), 200 steps x 32 sequences"))
+    other = matplotlib.image.imread(plot_loss(run_dir, tmp_path / "other.png", title="pre-training: something else"))
+    assert np.array_equal(image, said) and not np.array_equal(image, other)
 
 
 def test_accuracy_axis_is_zero_to_one(run_dir, tmp_path):
