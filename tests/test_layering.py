@@ -93,12 +93,10 @@ def test_lower_layers_do_not_import_upper_ones(lower, upper):
     assert not bad, f"{lower}/ must not import {upper}/: " + "; ".join(bad)
 
 
-def test_no_import_cycles():
-    modules = _our_modules()
-    # Package __init__ files are skipped as edges' sources: importing a.b runs a/__init__ first, which
-    # is not a dependency of a.b's own code.
-    graph = {m: {n for n in _our_imports(p, modules) if n != m} for m, p in modules.items() if p.name != "__init__.py"}
-    state: dict[str, int] = {}
+def _first_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """The first import cycle found in `graph` (module -> the modules it imports), as a path back to its
+    start, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
     stack: list[str] = []
 
     def visit(node: str) -> list[str] | None:
@@ -115,14 +113,28 @@ def test_no_import_cycles():
 
     for start in sorted(graph):
         if start not in state and (cycle := visit(start)):
-            pytest.fail("import cycle: " + " -> ".join(cycle))
+            return cycle
+    return None
+
+
+def test_no_import_cycles():
+    modules = _our_modules()
+    # Package __init__ files are skipped as edges' sources: importing a.b runs a/__init__ first, which
+    # is not a dependency of a.b's own code.
+    graph = {m: {n for n in _our_imports(p, modules) if n != m} for m, p in modules.items() if p.name != "__init__.py"}
+    cycle = _first_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_cycle_finder_and_layer_scan_can_fail(tmp_path):
-    """The scanners above see what they must: an upward import, including one inside a function."""
+    """The scanners above see what they must: an upward import, including one inside a function, and a
+    cycle however long (a diamond is not one)."""
     sample = tmp_path / "m.py"
     sample.write_text("def f():\n    from launch.cli import main\n")
     assert _our_imports(sample, {"launch.cli": "x", "launch": "y"}) == {"launch.cli"}
+    diamond = {"a": {"b", "c"}, "b": {"d"}, "c": {"d"}, "d": set()}
+    assert _first_cycle(diamond) is None
+    assert _first_cycle({**diamond, "d": {"e"}, "e": {"b"}}) == ["b", "d", "e", "b"]
 
 
 def test_module_names_unique_under_launch_and_files_small():
