@@ -3,8 +3,7 @@
 `bertpipe X ...` must parse with `launch.cli.build_parser(X)`; `deepspeed ... --module
 launch.pretrain ...` and `torchrun ... --module launch.pretrain ...` must parse with the launcher's
 own argument parser *and* with `launch.pretrain`'s; Beam options passed through `bertpipe corpus`
-must be options Beam knows. A command whose module has not been written yet is skipped, naming the
-module; once the module exists, nothing is skipped.
+must be options Beam knows. A command naming a module that does not exist fails, naming the module.
 """
 
 from __future__ import annotations
