@@ -23,6 +23,7 @@ its vocabulary.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -397,12 +398,34 @@ def _as_umask_allows(folder: Path) -> None:
             path.chmod(0o666 & ~umask)
 
 
+def _move_file(src: Path, dst: Path) -> None:
+    """`os.replace`, also where `dst` is on another file system than `src` (an `--out` that is a mount point:
+    the export is built beside it, in its parent): copied beside `dst`, then renamed over it."""
+    import shutil
+
+    try:
+        os.replace(src, dst)
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            raise
+        part = dst.with_name(f".{dst.name}.bertpipe-partial-{os.getpid()}")
+        try:
+            shutil.copyfile(src, part)
+            os.replace(part, dst)
+        finally:
+            part.unlink(missing_ok=True)
+
+
 def _place(tmp: Path, out: Path) -> None:
     """Move the finished export `tmp` to `out`: whole when `out` is new or empty (so a concurrent
     reader never sees half a model), else file by file, the marker last; of what was there, only the
     files an earlier export's marker lists, as it recorded them (size and sha256), are removed."""
     if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
+        try:
+            out.rmdir()
+        except OSError as err:  # a mount point (EBUSY) cannot be replaced: it is filled file by file below
+            if err.errno != errno.EBUSY:
+                raise
     if not out.exists():
         try:
             os.replace(tmp, out)
@@ -426,7 +449,7 @@ def _place(tmp: Path, out: Path) -> None:
         logger.warning("%s: replacing %d file(s) bertpipe did not write, or that were changed since, with the "
                        "export's: %s", out, len(foreign), ", ".join(foreign))
     for name in [n for n in new if n != EXPORT_MARKER] + [EXPORT_MARKER]:
-        os.replace(tmp / name, out / name)
+        _move_file(tmp / name, out / name)
     for name in ours - set(new):  # an earlier export's file this one does not write, unchanged since
         if (out / name).is_file():
             (out / name).unlink()

@@ -79,14 +79,17 @@ def _end_within(seconds: float, command: str, code: int) -> None:
 
 
 def _unwritable_out(err: BaseException, out: object) -> str | None:
-    """"Read-only file system: PATH" (or permission denied) when `err` is that, on a path in --out."""
+    """"Read-only file system: PATH" (or permission denied) when `err` is that, on a path in --out, on the
+    folder that holds it, or beside it there (an output renamed into place when whole is locked by a
+    `.OUT.bertpipe.lock` beside it: `pipeline.output_lock.lock_beside`)."""
     import errno
 
     if not (out and isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and err.filename):
         return None
     target, path = os.path.abspath(str(out)), os.path.abspath(str(err.filename))
-    inside = path == target or path.startswith(os.path.join(target, "")) or os.path.dirname(target) == path
-    return f"{err.strerror}: {err.filename}" if inside else None
+    inside = path == target or path.startswith(os.path.join(target, ""))
+    beside = os.path.dirname(target) in (path, os.path.dirname(path))
+    return f"{err.strerror}: {err.filename}" if inside or beside else None
 
 
 def _stop_on_sigterm() -> None:

@@ -101,20 +101,45 @@ def test_export_on_a_full_disk_says_so(tmpfs, reference_run):
     _one_error_line(done, "export", disk)
 
 
-def test_a_read_only_out_is_one_line_naming_it_not_a_traceback(tmpfs):
+def test_export_into_an_empty_mount_point(tmpfs, reference_run):
+    """A mount point cannot be renamed over, and the export is built beside --out, on its parent's disk: it
+    failed with "Device or resource busy", then "Invalid cross-device link". It is filled file by file."""
+    from launch.checkpoint_dirs import EXPORT_MARKER, is_export_of
+
+    disk = tmpfs(64 * 1024 * 1024)
+    for _ in range(2):  # the second replaces the first's files (its own export)
+        done = _run(["export", str(reference_run), "--out", str(disk)])
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert is_export_of(disk, reference_run) and (disk / "model.safetensors").is_file()
+        marker = json.loads((disk / EXPORT_MARKER).read_text())
+        assert sorted(p.name for p in disk.iterdir()) == sorted(marker["files"])  # no partial file left
+        assert not [p for p in disk.parent.iterdir() if "bertpipe-partial" in p.name]
+
+
+def test_a_read_only_out_is_one_line_naming_it_not_a_traceback(tmpfs, reference_run, tmp_path):
     # A read-only mount (or a folder the user may not write) failed with Python's traceback; and where the
-    # mount had no free blocks (/sys) the message blamed a full disk.
+    # mount had no free blocks (/sys) the message blamed a full disk. Export and features lock their --out
+    # with a file beside it (it is renamed into place when whole): that failed with a traceback too.
     disk = tmpfs(1 << 20)
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\n", encoding="utf-8")
     runs = {"corpus": ["corpus", "--input", str(DATA / "books" / "persuasion.txt"), "--vocab", str(VOCAB)],
-            "finetune": ["finetune", "--task", "sst2", "--data-dir", str(DATA / "glue"), "--checkpoint", "x"]}
+            "finetune": ["finetune", "--task", "sst2", "--data-dir", str(DATA / "glue"), "--checkpoint", "x"],
+            "export": ["export", str(reference_run)],
+            "features": ["features", "--checkpoint", str(reference_run), "--input", str(texts), "--pool", "mean"]}
     for command, argv in runs.items():
-        for out in (disk / "out", disk):
+        # Export's --out may be the mount itself: it is filled file by file (its parent is another disk).
+        # Features' --out names files (OUT.npy ...), never a directory.
+        for out in (disk / "out", disk) if command != "features" else (disk / "out",):
             done = _run([*argv, "--out", str(out)])
             assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-            assert done.stderr.strip().splitlines()[-1] == (
-                f"bertpipe {command}: error: cannot write --out {out}: Read-only file system: "
-                f"{out / '.bertpipe.lock' if out == disk else out}; choose another --out or make it writable")
+            last = done.stderr.strip().splitlines()[-1]
+            assert last.startswith(f"bertpipe {command}: error: cannot write --out {out}: Read-only file system: "), last
+            assert last.endswith("; choose another --out or make it writable"), last
+            if command in ("corpus", "finetune"):
+                assert last.split(": ")[-1] == f"{out / '.bertpipe.lock' if out == disk else out}; choose another " \
+                                               "--out or make it writable"
 
 
 def test_each_write_limit_is_one_line_naming_the_file_written():
