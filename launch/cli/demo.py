@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     corpus, run_dir, hf_dir, sweep_dir = out / "corpus", out / "run", out / "hf_model", out / "sweep"
     if args.fresh and out.exists():
         _clear_previous_demo(out)
-    from launch.checkpoint_dirs import exported_step
+    from launch.export_dirs import exported_step
 
     # First: an earlier release's demo (seq 64), whose corpus would be trained on as is; --steps cannot help it.
     seq_len = _corpus_seq_len(corpus)

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging()
-    from launch.checkpoint_dirs import export_lock_file, export_run
+    from launch.export_dirs import export_lock_file, export_run
     from pipeline.output_lock import OutputLock
 
     # One writer per --out: the lock sits beside it, as the export is renamed into place whole.

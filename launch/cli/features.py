@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from launch.checkpoint_dirs import resolve_checkpoint
+from launch.export_dirs import resolve_checkpoint
 from launch.errors import CliError, WriteDidNotFit, disk_full_message
 from launch.config import save_config
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated

@@ -1,5 +1,5 @@
 """A checkpoint as fine-tuning opens it: `open_checkpoint(path, vocab)` resolves it
-(`launch.checkpoint_dirs.resolve_checkpoint`) and checks its config and vocabulary before any training.
+(`launch.export_dirs.resolve_checkpoint`) and checks its config and vocabulary before any training.
 
 The tokenizer is built from the checkpoint's own `vocab.txt`, so the ids always match the embedding
 rows; a user-supplied `--vocab` must be the same vocabulary, else the run stops before training.
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.checkpoint_dirs import resolve_checkpoint
+from launch.export_dirs import resolve_checkpoint
 from launch.finetune.examples import DataError
 from pipeline.manifest import sha256_file
 from pipeline.vocab import build_tokenizer, check_embedding_rows, declared_lowercase, read_vocab_tokens, vocab_is_cased

@@ -73,7 +73,7 @@ def parse_layers(spec: str, num_layers: int) -> LayerSelection:
 def check_layers_fit(checkpoint: str | Path, specs: Sequence[str]) -> None:
     """Refuse `--layers` choices the checkpoint lacks (last4-* on a 2-layer model), before a sweep
     starts Ray. A checkpoint path this machine cannot see (a remote cluster's) is left to the trials."""
-    from launch.checkpoint_dirs import resolve_checkpoint
+    from launch.export_dirs import resolve_checkpoint
 
     if not Path(checkpoint).is_dir():
         return

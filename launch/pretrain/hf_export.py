@@ -4,7 +4,7 @@
 master weights of one checkpoint, loads them into our `BertForPreTraining` (strictly: every tensor
 accounted for), and writes `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json`,
 `tokenizer_config.json` and a model card `README.md` into `dest`. Which checkpoint, and where the
-files may go, is decided by `launch.checkpoint_dirs` (`export_run`, `resolve_checkpoint`).
+files may go, is decided by `launch.export_dirs` (`export_run`, `resolve_checkpoint`).
 
 Reading DeepSpeed's `.pt` files: `torch.load(weights_only=True)` with an allow-list of the few
 DeepSpeed classes they hold (`DEEPSPEED_SAFE_GLOBALS`): ours through `load_checkpoint_file`
@@ -124,7 +124,7 @@ def _bf16_optimizer_master(folder: Path) -> dict[str, torch.Tensor]:
 
 def write_export(ckpt_dir: Path, tag: str, meta: dict[str, Any], dest: Path, run_dir: Path) -> None:
     """The HF files of checkpoint `tag` (its metadata `meta`, already read and verified, with its `config`
-    and `bert_config`: `checkpoint_dirs.export_run` checks) into `dest`."""
+    and `bert_config`: `export_dirs.export_run` checks) into `dest`."""
     from model import BertConfig, BertForPreTraining, save_pretrained
 
     vocab_file = ckpt_dir / tag / "vocab.txt"

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from launch.checkpoint_dirs import resolve_checkpoint
+from launch.export_dirs import resolve_checkpoint
 from launch.pretrain.process_group import on_rank0
 from pipeline.manifest import sha256_file
 

@@ -129,7 +129,7 @@ def test_an_earlier_releases_seq_64_demo_corpus_is_refused_not_trained_on(small_
     # held a finished seq-64 corpus that the new demo would have reused as is.
     import shutil
 
-    from launch.checkpoint_dirs import EXPORT_MARKER
+    from launch.export_dirs import EXPORT_MARKER
 
     out = tmp_path / "d"
     shutil.copytree(small_corpus, out / "corpus")

@@ -104,7 +104,7 @@ def test_export_on_a_full_disk_says_so(tmpfs, reference_run):
 def test_export_into_an_empty_mount_point(tmpfs, reference_run):
     """A mount point cannot be renamed over, and the export is built beside --out, on its parent's disk: it
     failed with "Device or resource busy", then "Invalid cross-device link". It is filled file by file."""
-    from launch.checkpoint_dirs import EXPORT_MARKER, is_export_of
+    from launch.export_dirs import EXPORT_MARKER, is_export_of
 
     disk = tmpfs(64 * 1024 * 1024)
     for _ in range(2):  # the second replaces the first's files (its own export)

@@ -1,6 +1,6 @@
 """A sharded Hugging Face directory (`model.safetensors.index.json` + shards) is a checkpoint for every
 command that takes one: `launch.checkpoint_dirs` is the one place that says what a checkpoint
-directory is (`features` and `finetune` once answered that question differently).
+directory is (`launch.export_dirs.resolve_checkpoint` turns it into an HF directory) (`features` and `finetune` once answered that question differently).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def run_ok(*args: object) -> subprocess.CompletedProcess:
 
 
 def test_one_answer_to_what_a_checkpoint_directory_is(sharded_minilm, minilm_dir, tmp_path):
-    from launch.checkpoint_dirs import is_hf_dir, is_run_dir, resolve_checkpoint
+    from launch.checkpoint_dirs import is_hf_dir, is_run_dir
+    from launch.export_dirs import resolve_checkpoint
 
     assert is_hf_dir(sharded_minilm) and is_hf_dir(minilm_dir) and not is_run_dir(sharded_minilm)
     assert resolve_checkpoint(sharded_minilm) == sharded_minilm

@@ -390,7 +390,7 @@ def test_export_loads_in_transformers_with_our_logits(reference, tmp_path):
     import torch
     import transformers
 
-    from launch.checkpoint_dirs import resolve_checkpoint
+    from launch.export_dirs import resolve_checkpoint
     from launch.pretrain.hf_export import consolidated_state_dict
     from launch.pretrain.checkpoints import read_meta
     from model import BertConfig, BertForPreTraining
@@ -465,7 +465,7 @@ def test_init_from_a_phase1_run_starts_from_its_weights_with_a_fresh_schedule_an
 
 
 def test_unknown_run_dir_is_refused(tmp_path):
-    from launch.checkpoint_dirs import resolve_checkpoint
+    from launch.export_dirs import resolve_checkpoint
 
     with pytest.raises(ValueError, match="neither a run directory"):
         resolve_checkpoint(tmp_path)

@@ -455,7 +455,7 @@ def _weights(folder: Path) -> bytes:
 def test_the_export_cache_follows_the_checkpoint_it_was_made_from(run, tmp_path):
     """A run resolves to `RUN/export/<tag>` only while that export is of this very checkpoint: not
     another tag's export placed under its name, nor the export of a checkpoint since retrained under it."""
-    from launch.checkpoint_dirs import resolve_checkpoint
+    from launch.export_dirs import resolve_checkpoint
 
     out = copy_run(run, tmp_path / "run")
     fresh = bertpipe("export", out, "--out", tmp_path / "step8")
@@ -488,6 +488,37 @@ def test_the_export_cache_follows_the_checkpoint_it_was_made_from(run, tmp_path)
     assert _weights(cached) == good
 
 
+def test_an_export_changed_since_it_was_written_is_refused_naming_the_file(run, tmp_path):
+    """What we wrote is what we read back: a flipped bit in an export's weights loaded silently (features wrote
+    -inf, finetune scored chance), though its marker records every file's sha256. The model card is the
+    user's to edit; without the marker the folder is the user's own."""
+    from launch.export_dirs import EXPORT_MARKER, resolve_checkpoint
+
+    hf = tmp_path / "hf"
+    assert bertpipe("export", run, "--out", hf).returncode == 0
+    (hf / "README.md").write_text("my notes on this model\n")
+    assert resolve_checkpoint(hf) == hf
+
+    good = (hf / "model.safetensors").read_bytes()
+    damaged = bytearray(good)
+    damaged[-100] ^= 0x40
+    (hf / "model.safetensors").write_bytes(bytes(damaged))
+    for command in ("features", "finetune"):
+        done = bertpipe(*entry_point(command, hf, None, tmp_path))
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert f"{hf / 'model.safetensors'} is not the file bertpipe exported" in last, last
+        assert f"delete {hf / EXPORT_MARKER}" in last, last
+    (hf / "model.safetensors").write_bytes(good)
+
+    vocab = (hf / "vocab.txt").read_text(encoding="utf-8")
+    (hf / "vocab.txt").write_text(vocab.replace("[MASK]", "[MASQ]"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"vocab\.txt is not the file bertpipe exported"):
+        resolve_checkpoint(hf)
+    (hf / EXPORT_MARKER).unlink()  # changed on purpose: the user's folder now, read as any HF directory
+    assert resolve_checkpoint(hf) == hf
+
+
 def test_an_export_is_readable_as_the_umask_allows_and_has_one_writer(run, tmp_path):
     import stat
 
@@ -508,7 +539,7 @@ def test_an_export_is_readable_as_the_umask_allows_and_has_one_writer(run, tmp_p
 
 
 def test_a_run_whose_export_cannot_be_written_says_how_to_export_it(run, tmp_path):
-    from launch.checkpoint_dirs import resolve_checkpoint
+    from launch.export_dirs import resolve_checkpoint
 
     out = copy_run(run, tmp_path / "run")
     (out / "export").write_text("a file of the user's")
@@ -554,7 +585,7 @@ def test_runs_resolved_at_once_export_once_the_others_wait(run, tmp_path, caplog
     import sys
     import threading
 
-    from launch.checkpoint_dirs import export_lock_file, resolve_checkpoint
+    from launch.export_dirs import export_lock_file, resolve_checkpoint
 
     out = copy_run(run, tmp_path / "run")
     target = out / "export" / "global_step8"
@@ -564,7 +595,7 @@ def test_runs_resolved_at_once_export_once_the_others_wait(run, tmp_path, caplog
     lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "command": "export", "since": "then"}))
     threading.Timer(3.0, lock.unlink).start()  # the other export finishes
     try:
-        with caplog.at_level(logging.INFO, logger="launch.checkpoint_dirs"):
+        with caplog.at_level(logging.INFO, logger="launch.export_dirs"):
             assert resolve_checkpoint(out) == target
     finally:
         holder.kill()
