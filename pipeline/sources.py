@@ -97,8 +97,11 @@ def _expand(pattern: str) -> list[str]:
 
 def _written_by_bertpipe(root: str, entries: set[str]) -> bool:
     """A folder bertpipe wrote (a corpus, a pre-training run, a fine-tuning output, an export): its
-    vocab.txt, metrics and logs are not corpus text. Known by the marker or lock each command leaves."""
-    if "bertpipe_export.json" in entries or any(e.startswith(".bertpipe") for e in entries):
+    vocab.txt, metrics and logs are not corpus text. Known by the marker or lock each command leaves; not
+    by `download books`' folder of books still being fetched, which sits among the finished ones."""
+    from pipeline.download.gutenberg import IN_PROGRESS as BOOKS_IN_PROGRESS
+
+    if "bertpipe_export.json" in entries or any(e.startswith(".bertpipe") and e != BOOKS_IN_PROGRESS for e in entries):
         return True
     if "manifest.json" not in entries:
         return False

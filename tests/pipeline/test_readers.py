@@ -370,7 +370,8 @@ def test_a_directory_walk_skips_what_bertpipe_wrote_and_what_is_not_a_file_and_f
     (text / "notes" / "manifest.json").write_text('{"theirs": true}')  # someone else's manifest: the folder is read
     (text / "notes" / "n.txt").write_text("n")
     books = tmp_path / "books"
-    books.mkdir()
+    (books / ".bertpipe-partial").mkdir(parents=True)  # `download books` cut short: its finished books are read
+    (books / ".bertpipe-partial" / "2.txt.part").write_text("half a book")
     (books / "b.txt").write_text("b")
     (text / "linked").symlink_to(books)
     (text / "sub" / "loop").symlink_to(text)  # a cycle: followed once
@@ -379,6 +380,7 @@ def test_a_directory_walk_skips_what_bertpipe_wrote_and_what_is_not_a_file_and_f
         files = expand_inputs([str(text)])
     assert [os.path.relpath(f, text) for f in files] == ["a.txt", "linked/b.txt", "notes/n.txt"]
     assert "not reading 4 folder(s)" in caplog.text and f"not reading 1 entr(ies) under {text}" in caplog.text
+    assert [os.path.relpath(f, books) for f in expand_inputs([str(books)])] == ["b.txt"]
     with pytest.raises(ValueError, match="is not a regular file"):
         expand_inputs([str(text / "pipe")])
     with pytest.raises(ValueError, match="matches no file"):  # a glob's pipe is left out, not read
