@@ -84,7 +84,7 @@ def save(engine: Any, ckpt_dir: Path, step: int, meta: dict[str, Any], vocab_fil
     final = ckpt_dir / tag
     if rank == 0:
         # A conversion of an earlier save of this step (a resume fell back past it) describes other weights.
-        shutil.rmtree(ckpt_dir / f"{tag}_universal", ignore_errors=True)
+        remove_conversion(ckpt_dir, tag)
         shutil.copyfile(vocab_file, staging / tag / "vocab.txt")
         # Recorded so that a resume or an export can tell a cut-short or damaged file and fall back.
         meta = {**meta, "files": file_records(staging / tag)}
@@ -116,8 +116,21 @@ def _prune(ckpt_dir: Path, keep_last: int, current: int) -> None:
                    if (step := tag_step(p.name)) is not None and (p / META).is_file() and step <= current)
     for step in steps[:-keep_last]:
         shutil.rmtree(ckpt_dir / tag_for(step), ignore_errors=True)
-        shutil.rmtree(ckpt_dir / f"{tag_for(step)}_universal", ignore_errors=True)
+        remove_conversion(ckpt_dir, tag_for(step))
     remove_unfinished(ckpt_dir)
+
+
+def remove_conversion(ckpt_dir: Path, tag: str) -> None:
+    """Delete `<tag>_universal` if bertpipe converted it (it holds our record, written before the folder was
+    renamed into place); a folder of that name without it (DeepSpeed's `ds_to_universal` run by hand writes
+    there too) is someone else's: left, with a line saying so."""
+    folder = ckpt_dir / f"{tag}_universal"
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    if (folder / UNIVERSAL_RECORD).is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        log.warning("%s holds no %s: not a conversion of bertpipe's, left as it is", folder, UNIVERSAL_RECORD)
 
 
 def remove_unfinished(ckpt_dir: Path) -> int:
@@ -150,9 +163,11 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
     stale = _stale_conversion(ckpt_dir, tag, universal) if (ckpt_dir / universal).exists() else None
     if stale:
         folder = ckpt_dir / universal
-        if folder.is_symlink() or not folder.is_dir():  # not a conversion of ours: never deleted
-            raise ValueError(f"{folder} is not a folder bertpipe converted (a file or a link); move it away and "
-                             "resume again")
+        # Not a conversion of ours (a file, a link, or a folder without our record: `ds_to_universal` run by
+        # hand writes to this name too): never deleted.
+        if folder.is_symlink() or not folder.is_dir() or not (folder / UNIVERSAL_RECORD).is_file():
+            raise ValueError(f"{folder} is not a conversion bertpipe made (a file, a link, or a folder without "
+                             f"{UNIVERSAL_RECORD}); move it away and resume again")
         log.warning("%s is converted again: %s", folder, stale)
         shutil.rmtree(folder)
     if not (ckpt_dir / universal).is_dir():
@@ -186,7 +201,7 @@ def _stale_conversion(ckpt_dir: Path, tag: str, universal: str) -> str | None:
         files = [(folder / name, int(r["size"]), str(r["sha256"])) for name, r in record["files"].items()]
         source = record["source_meta_sha256"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return f"no valid {UNIVERSAL_RECORD} (an older or interrupted conversion)"
+        return f"its {UNIVERSAL_RECORD} is missing or damaged"
     if source != sha256_file(ckpt_dir / tag / META):
         return f"it was converted from an earlier save of {tag}"
     for path, size, sha256 in files:

@@ -36,6 +36,14 @@ def saved(ckpt_dir: Path, engine: Engine, step: int, keep_last: int) -> Path:
     return save(engine, ckpt_dir, step, {"step": step, "position": 32 * step}, VOCAB, keep_last)
 
 
+def ours(universal: Path) -> None:
+    """A folder as `convert_to_universal` leaves it: its record written before the rename into place."""
+    from launch.pretrain.checkpoints import UNIVERSAL_RECORD
+
+    universal.mkdir()
+    (universal / UNIVERSAL_RECORD).write_text("{}")
+
+
 def names(ckpt_dir: Path) -> list[str]:
     return sorted(p.name for p in ckpt_dir.iterdir())
 
@@ -44,7 +52,7 @@ def test_saves_keep_the_last_n_and_latest_names_the_newest(gloo_group_of_one, tm
     ckpts, engine = tmp_path / "checkpoints", Engine()
     for step in (2, 4):
         assert saved(ckpts, engine, step, keep_last=2) == ckpts / f"global_step{step}"
-    (ckpts / "global_step2_universal").mkdir()  # a conversion of a checkpoint that gets pruned goes with it
+    ours(ckpts / "global_step2_universal")  # a conversion of a checkpoint that gets pruned goes with it
     saved(ckpts, engine, 6, keep_last=2)
     assert names(ckpts) == ["global_step4", "global_step6", "latest"]
     assert (ckpts / "latest").read_text() == "global_step6\n"
@@ -59,7 +67,7 @@ def test_saves_keep_the_last_n_and_latest_names_the_newest(gloo_group_of_one, tm
 def test_saving_a_step_again_replaces_it_and_its_old_conversion(gloo_group_of_one, tmp_path):
     ckpts, engine = tmp_path / "checkpoints", Engine()
     saved(ckpts, engine, 4, keep_last=3)
-    (ckpts / "global_step4_universal").mkdir()  # converted from the first save of step 4
+    ours(ckpts / "global_step4_universal")  # converted from the first save of step 4
     saved(ckpts, engine, 4, keep_last=3)  # after a resume from an earlier step, step 4 again
     assert names(ckpts) == ["global_step4", "latest"]  # no .old-, no .staging-, no stale conversion
     from launch.pretrain.hf_export import load_checkpoint_file
@@ -97,11 +105,15 @@ def make(ckpt_dir: Path, *steps: int, meta: bool = True) -> None:
 def test_prune_counts_only_complete_checkpoints_and_leaves_what_is_not_one(tmp_path):
     make(tmp_path, 2, 4, 8)
     make(tmp_path, 6, meta=False)  # no bertpipe.json: not a checkpoint of ours; never counted, never deleted
-    (tmp_path / "global_step2_universal").mkdir()
+    ours(tmp_path / "global_step2_universal")
+    (tmp_path / "global_step4_universal").mkdir()  # no record: `ds_to_universal` run by hand; never deleted
+    (tmp_path / "global_step4_universal" / "notes.txt").write_text("mine")
     (tmp_path / "damaged-global_step10").mkdir()  # set aside by a resume: for whoever inspects it
     (tmp_path / ".old-global_step4").mkdir()  # the only copy of a step if a re-save's renames were cut short
     _prune(tmp_path, 2, 8)
-    assert names(tmp_path) == [".old-global_step4", "damaged-global_step10", "global_step4", "global_step6",
-                               "global_step8"]
+    assert names(tmp_path) == [".old-global_step4", "damaged-global_step10", "global_step4", "global_step4_universal",
+                               "global_step6", "global_step8"]
     _prune(tmp_path, 1, 8)
-    assert names(tmp_path) == [".old-global_step4", "damaged-global_step10", "global_step6", "global_step8"]
+    assert names(tmp_path) == [".old-global_step4", "damaged-global_step10", "global_step4_universal",
+                               "global_step6", "global_step8"]
+    assert (tmp_path / "global_step4_universal" / "notes.txt").read_text() == "mine"

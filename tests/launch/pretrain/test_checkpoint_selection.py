@@ -116,9 +116,16 @@ def test_a_universal_name_that_is_not_our_conversion_is_never_deleted(tmp_path):
     mine.mkdir()
     (mine / "keep.txt").write_text("keep")
     (tmp_path / "global_step4_universal").symlink_to(mine)
-    with pytest.raises(ValueError, match="global_step4_universal is not a folder bertpipe converted"):
+    with pytest.raises(ValueError, match="global_step4_universal is not a conversion bertpipe made"):
         convert_to_universal(tmp_path, "global_step4")
     assert (mine / "keep.txt").read_text() == "keep"
+    # A folder without our record (DeepSpeed's `ds_to_universal` run by hand writes to this name): it was
+    # taken for "an older or interrupted conversion" and deleted.
+    (tmp_path / "global_step4_universal").unlink()
+    mine.rename(tmp_path / "global_step4_universal")
+    with pytest.raises(ValueError, match=r"global_step4_universal is not a conversion bertpipe made .*move it away"):
+        convert_to_universal(tmp_path, "global_step4")
+    assert (tmp_path / "global_step4_universal" / "keep.txt").read_text() == "keep"
 
 
 def test_a_tensor_file_no_record_covers_is_not_loaded_unverified(ckpt_dir):
