@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Container, Iterable
+from typing import Collection, Iterable
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +48,11 @@ def _write_record(out: Path, record: dict) -> None:
     write_text_atomic(out / RECORD, json.dumps(record, indent=1) + "\n")
 
 
-def clear_earlier_run(out: Path, names: Iterable[str], writes: Container[str] = ()) -> list[str]:
+def clear_earlier_run(out: Path, names: Iterable[str], writes: Collection[str] = ()) -> list[str]:
     """Delete the earlier run's files under `names` (and the folders they leave empty); returns the files
-    kept, which this run records as not its own. A kept file at a path in `writes` (what this run may write)
-    would be written over: refused, before anything is deleted."""
+    kept, which this run records as not its own. A kept file at a path in `writes` (what this run may write),
+    or a kept link (or file) where this run writes into a folder (`OUT/model` a link to the user's own model
+    folder), would be written over, or through: refused, before anything is deleted."""
     names = list(names)
     record = _read_record(out)
     written = record.get("written")
@@ -63,7 +64,7 @@ def clear_earlier_run(out: Path, names: Iterable[str], writes: Container[str] = 
         ours = set(existing) & set(written)
     else:  # never finished (or no record: a run before records): all but what it kept
         ours = set(existing) - kept_then
-    clash = [rel for rel in existing if rel not in ours and rel in writes]
+    clash = [rel for rel in existing if rel not in ours and (rel in writes or any(w.startswith(f"{rel}/") for w in writes))]
     if clash:
         raise FileExistsError(f"--out {out} holds {', '.join(clash[:3])}{' ...' if len(clash) > 3 else ''}, which "
                               "bertpipe did not write (or which changed since it did), where this run writes its own: "

@@ -395,8 +395,8 @@ class Finetuner:
 
     def _may_write(self) -> set[str]:
         """Every file this run may write under OUT, relative to it (the forms of every task kind, so a few more
-        than one run writes), but TensorBoard's events, whose names are new each run."""
-        names = {n for n in OUT_FILES if "." in n}
+        than one run writes); TensorBoard's events, whose names are new each run, as one name under its folder."""
+        names = {n for n in OUT_FILES if "." in n} | {"tensorboard/events"}
         names |= {f"model/{n}" for n in MODEL_FILES} | {f"head/{n}" for n in HEAD_FILES}
         names |= {"predictions/predictions.json", "predictions/nbest_predictions.json"}  # SQuAD
         for split in self.data.evals:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -443,6 +444,19 @@ def test_a_users_file_where_the_rerun_writes_is_refused_not_written_over(tiny_ch
     with pytest.raises(DataError, match=r"holds predictions/dev.txt, which bertpipe did not write \(or which changed"):
         ner.run()
     assert (tmp_path / "ner" / "predictions" / "dev.txt").read_text() == "my corrections\n"
+
+    # A link where the run writes into a folder (OUT/model -> the user's own model folder): it was kept "as it
+    # is", and the run then wrote its model through it, over the user's config.json and vocab.txt.
+    theirs = tmp_path / "their_model"
+    theirs.mkdir()
+    (theirs / "config.json").write_text("mine\n")
+    for name in ("model", "tensorboard"):
+        shutil.rmtree(out / name, ignore_errors=True)
+        (out / name).symlink_to(theirs)
+        with pytest.raises(DataError, match=rf"holds {name}, which bertpipe did not write"):
+            Finetuner(replace(cfg, save_model=True, tensorboard=True)).run()
+        assert sorted(p.name for p in theirs.iterdir()) == ["config.json"] and (out / name).is_symlink()
+        (out / name).unlink()
 
 
 def test_test_file_is_predicted_whole_and_a_malformed_test_line_refused(tiny_checkpoint, tmp_path):
