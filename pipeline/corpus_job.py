@@ -28,7 +28,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.atomic_write import write_text_atomic
-from pipeline.corpus_output import TMP, clear_previous_output, delete_tree, is_remote, outside, same_file
+from pipeline.corpus_output import (TMP, clear_previous_output, delete_tree, is_remote, mark_users_vocab, outside,
+                                    same_file)
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
@@ -279,6 +280,8 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     users_vocab = clear_previous_output(out, config.vocab, vocab_text if config.vocab is not None else None)
     if not FileSystems.exists(out):
         FileSystems.mkdirs(out)
+    if users_vocab:
+        mark_users_vocab(out)
     tmp = FileSystems.join(out, TMP)
     extra_counters: dict[str, int] = {}
 

@@ -20,6 +20,9 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.manifest import FORMAT
 
 TMP = ".bertpipe-tmp"  # the job's temp folder in OUT; its presence marks an unfinished corpus of ours
+# In TMP: the unfinished job was built with `--vocab OUT/vocab.txt`, the user's file (its manifest, which
+# says so for a finished corpus, is not written yet).
+USERS_VOCAB = "vocab_is_users"
 DEAD_LETTER = "dead_letter"
 # Top-level names in OUT that a corpus writes (besides its shards).
 OWN_NAMES = ("manifest.json", TMP, DEAD_LETTER, "vocab.txt")
@@ -109,6 +112,8 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
     own_vocab = FileSystems.join(out, "vocab.txt")
     earlier = previous_manifest(FileSystems.join(out, "manifest.json"))
     ours = TMP in entries or earlier.get("format") == FORMAT
+    vocab_was_users = _vocab_is_users(earlier, own_vocab) or (
+        TMP in entries and FileSystems.exists(FileSystems.join(out, TMP, USERS_VOCAB)))
     users_vocab = False
     if vocab_source and "vocab.txt" in names and same_file(own_vocab, vocab_source):
         # `--vocab OUT/vocab.txt`: kept as it is, so it must already be what the corpus would write.
@@ -117,10 +122,10 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
                              "(it has a byte-order mark or CRLF line ends): pass a copy outside --out")
         names.remove("vocab.txt")
         # The user's, unless the earlier corpus of ours wrote these very bytes (a trained vocab reused).
-        written_by_us = (ours and not _vocab_is_users(earlier, own_vocab)
+        written_by_us = (ours and not vocab_was_users
                          and earlier.get("vocab_sha256") == hashlib.sha256(vocab_text.encode("utf-8")).hexdigest())
         users_vocab = not written_by_us
-    elif "vocab.txt" in names and _vocab_is_users(earlier, own_vocab):
+    elif "vocab.txt" in names and vocab_was_users:
         # The earlier corpus was built with `--vocab OUT/vocab.txt`: the user's file, never ours to delete.
         raise ValueError(f"--out {out} holds the vocab.txt its earlier corpus was built with (--vocab {own_vocab}), "
                          f"which bertpipe did not write: pass --vocab {own_vocab} to build with it again, "
@@ -149,6 +154,15 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
         else:
             delete_tree(os.path.join(out, name))
     return users_vocab
+
+
+def mark_users_vocab(out: str) -> None:
+    """Record in the job's temp folder that `OUT/vocab.txt` is the user's: a rerun after this job failed or was
+    stopped must not take it for the vocabulary of a corpus of ours and delete it."""
+    tmp = FileSystems.join(out, TMP)
+    if not FileSystems.exists(tmp):
+        FileSystems.mkdirs(tmp)
+    FileSystems.create(FileSystems.join(tmp, USERS_VOCAB)).close()
 
 
 def _delete_dead_letters(out: str, objects: list[str]) -> None:

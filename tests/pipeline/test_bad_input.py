@@ -337,6 +337,24 @@ def test_the_users_vocab_txt_in_out_is_kept_when_the_rerun_starts_elsewhere(tmp_
     assert cli.main(["corpus", "--input", book, "--train-vocab-size", "400", "--out", str(trained), *common]) == 0
 
 
+def test_the_users_vocab_txt_in_out_is_kept_after_a_job_that_did_not_finish(tmp_path, data_dir, capsys):
+    # A job with --vocab OUT/vocab.txt that failed (or was stopped) left only its temp folder, which proves OUT
+    # ours, and no manifest to say whose vocab.txt is: the next corpus there deleted the user's file.
+    out = tmp_path / "corp"
+    out.mkdir()
+    mine = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text(encoding="utf-8") + "mycustomtoken\n"
+    (out / "vocab.txt").write_text(mine, encoding="utf-8")
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    err = _fails(["corpus", "--input", str(binary), "--vocab", str(out / "vocab.txt"), "--out", str(out),
+                  "--progress-seconds", "0"], capsys)
+    assert "no instances" in err and (out / ".bertpipe-tmp").is_dir() and not (out / "manifest.json").exists()
+    err = _fails(["corpus", "--input", str(data_dir / "books" / "persuasion.txt"), "--train-vocab-size", "500",
+                  "--out", str(out), "--progress-seconds", "0"], capsys)
+    assert f"holds the vocab.txt its earlier corpus was built with (--vocab {out / 'vocab.txt'})" in err
+    assert (out / "vocab.txt").read_text(encoding="utf-8") == mine
+
+
 def test_the_vocab_inside_an_input_directory_is_not_read_as_text(tmp_path, data_dir, capsys):
     text = tmp_path / "text"
     text.mkdir()
