@@ -106,6 +106,10 @@ def read_glue_file(spec: GlueSpec, path: Path, *, labelled: bool, skips: SkipCou
         if len(fields) != width:
             skips.malformed(path, line, f"expected {width} tab-separated fields, got {len(fields)}")
             continue
+        # Trained on or scored as a blank input. A test row is kept: the server wants a prediction for each.
+        if labelled and not all(fields[i].strip() for i in (ia, ib) if i is not None):
+            skips.malformed(path, line, "empty text")
+            continue
         label: str | float | None = None
         if il is not None:
             raw = fields[il].strip()

@@ -74,6 +74,9 @@ def read_squad(path: Path) -> list[QAExample]:
                                         "give each question a string id")
                     guid = str(qa["id"])
                     question = _text(qa["question"], f"the question of id {guid!r}", path, a)
+                    if not question.strip():
+                        raise DataError(f"{path}: article {a}: the question of id {guid!r} is empty; write the question "
+                                        "or remove it")
                     answers = tuple({"text": _text(x["text"], f"an answer's text to question {guid!r}", path, a),
                                      "answer_start": int(x["answer_start"])} for x in qa.get("answers", []))
                     if not answers or qa.get("is_impossible"):
@@ -84,7 +87,7 @@ def read_squad(path: Path) -> list[QAExample]:
                     out.append(QAExample(guid, question, context, answers, article.get("title", "")))
         except DataError:
             raise
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:  # Overflow: an answer_start of Infinity
             raise DataError(f"{path}: article {a} is malformed (missing or wrong field: {err}); expected SQuAD v1.1 layout") from None
     seen: set[str] = set()
     for ex in out:  # predictions and scores are keyed by id: a repeated one scored one question's answer twice

@@ -38,6 +38,9 @@ def read_swag(path: Path, *, labelled: bool, skips: SkipCounter | None = None) -
         if len(fields) != len(header):
             skips.malformed(path, line, f"expected {len(header)} comma-separated fields, got {len(fields)}")
             continue
+        if label_col is not None and not all(fields[i].strip() for i in (sent1, *endings)):
+            skips.malformed(path, line, "empty text (sent1 or an ending)")  # a test row is kept: each needs a prediction
+            continue
         label = None
         if label_col is not None:
             raw = fields[label_col].strip()

@@ -89,6 +89,8 @@ def load_grid(grid: str | Path | dict[str, Any]) -> dict[str, list[Any]]:
             raw = yaml.load(path.read_text(encoding="utf-8"), Loader=StrictYamlLoader) or {}
         except yaml.YAMLError as err:
             raise ValueError(f"--grid {path} is not valid YAML: {yaml_problem(err)}; fix the YAML there") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--grid {path} is not UTF-8 text; save it as UTF-8") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: a grid file maps config fields to lists, e.g. `lr: [5e-5, 3e-5]`")
     fields = {f.name for f in dataclasses.fields(FinetuneConfig)} - {"task", "data_dir", "checkpoint", "out", "seed"}

@@ -126,6 +126,9 @@ def read_text_split(
             skips.malformed(path, line, f"empty text in column {cols.text!r}")
             continue
         text_b = str(row[cols.text_pair]) if cols.text_pair else None
+        if text_b is not None and not text_b.strip():
+            skips.malformed(path, line, f"empty text in column {cols.text_pair!r}")
+            continue
         out.append((line, TextExample(f"{path.stem}-{line}", str(row[cols.text]), text_b, label)))
     return out
 
@@ -160,14 +163,18 @@ def read_tag_split(path: Path, cols: Columns, *, labelled: bool, skips: SkipCoun
         if not words:
             skips.malformed(path, line, "no words")
             continue
-        nulls = [c for c in wanted if isinstance(row[c], list) and None in row[c]]
-        if nulls:  # str() would make a word or a tag "None"
-            skips.malformed(path, line, f"key(s) {nulls} hold a list with null in it")
+        odd = [c for c in wanted if isinstance(row[c], list)
+               and any(isinstance(v, bool) or not isinstance(v, (str, int, float)) for v in row[c])]
+        if odd:  # str() would make a word or a tag "None", "True" or "['Paris']"
+            skips.malformed(path, line, f"key(s) {odd} hold a list with null, true/false, a list or an object in it")
             continue
         if any(not w.strip() or any(c.isspace() for c in w) for w in words):
             # An empty word (or one with a space in it) tokenizes to nothing, and breaks the "word gold
             # predicted" lines of predictions/*.txt that conlleval reads.
             skips.malformed(path, line, "a word in it is empty or holds whitespace")
+            continue
+        if tags is not None and any(not t.strip() or any(c.isspace() for c in t) for t in tags):
+            skips.malformed(path, line, "a tag in it is empty or holds whitespace")  # as a word's: it splits the line
             continue
         if tags is not None and len(tags) != len(words):
             skips.malformed(path, line, f"{len(words)} words but {len(tags)} tags")

@@ -320,13 +320,50 @@ def test_user_tag_refuses_tags_that_are_not_entity_tags(tmp_path):
     (tmp_path / "dev.jsonl").write_text('{"text": ["Bo", "sings"], "label": ["S-PER", "O"]}\n')
     assert load("tag", tmp_path).labels == ("O", "B-PER", "E-PER", "S-PER")
     (tmp_path / "train.jsonl").write_text('{"text": ["Ann", "met", "Bo"], "label": ["S-PER", null, "S-PER"]}\n')
-    with pytest.raises(DataError, match=r"train.jsonl:1: key\(s\) \['label'\] hold a list with null in it"):
+    with pytest.raises(DataError, match=r"train.jsonl:1: key\(s\) \['label'\] hold a list with null, true/false"):
         load("tag", tmp_path)  # it was the tag 'None', refused as "not an entity tag"
+    for words in ('[["Ann"], "met", "Bo"]', '[true, "met", "Bo"]'):  # were the words "['Ann']" and "True"
+        (tmp_path / "train.jsonl").write_text(f'{{"text": {words}, "label": ["S-PER", "O", "S-PER"]}}\n')
+        with pytest.raises(DataError, match=r"train.jsonl:1: key\(s\) \['text'\] hold a list with null, true/false"):
+            load("tag", tmp_path)
     # An empty word tokenized to nothing and wrote " O I-LOC" into predictions/dev.txt (word gold predicted)
     for words in ('["", "met", "Bo"]', '["Ann Lee", "met", "Bo"]'):
         (tmp_path / "train.jsonl").write_text(f'{{"text": {words}, "label": ["S-PER", "O", "S-PER"]}}\n')
         with pytest.raises(DataError, match=r"train.jsonl:1: a word in it is empty or holds whitespace"):
             load("tag", tmp_path)
+    # A tag with a space wrote four fields into such a line ("Paris B-PER X I-ORG")
+    (tmp_path / "train.jsonl").write_text('{"text": ["Paris", "b"], "label": ["B-PER X", "O"]}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:1: a tag in it is empty or holds whitespace"):
+        load("tag", tmp_path)
+
+
+def test_an_empty_text_is_a_malformed_line_in_every_reader(tmp_path):
+    """docs/finetune.md lists an empty text as malformed; GLUE, SWAG, a SQuAD question and a user pair column
+    took one silently (trained on, and scored, a blank input)."""
+    sst2 = tmp_path / "SST-2"
+    sst2.mkdir()
+    for split in ("train", "dev"):
+        (sst2 / f"{split}.tsv").write_text("sentence\tlabel\na fine film\t1\n\t0\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"SST-2/train.tsv:3: empty text \(fix the line, or pass --skip-malformed"):
+        load("sst2", tmp_path)
+    header = "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
+    (tmp_path / "train.csv").write_text(header + "v,1,s,,He,gold,a,b,c,d,0\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"train.csv:2: empty text \(sent1 or an ending\)"):
+        swag.read_swag(tmp_path / "train.csv", labelled=True)
+    data = json.loads(squad.find_file(DATA, "dev", required=True).read_text(encoding="utf-8"))
+    data["data"][0]["paragraphs"][0]["qas"][0]["question"] = "  "
+    (tmp_path / "dev-v1.1.json").write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"article 0: the question of id '56ddde6b9a695914005b9628' is empty"):
+        squad.read_squad(tmp_path / "dev-v1.1.json")
+    data["data"][0]["paragraphs"][0]["qas"][0]["question"] = "Who?"
+    data["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = float("inf")  # json writes Infinity
+    (tmp_path / "dev-v1.1.json").write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"article 0 is malformed"):  # was a traceback (OverflowError)
+        squad.read_squad(tmp_path / "dev-v1.1.json")
+    (tmp_path / "pairs.csv").write_text("text,pair,label\na,b,1\nc,,0\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"pairs.csv:3: empty text in column 'pair'"):
+        userdata.read_text_split(tmp_path / "pairs.csv", userdata.Columns(text_pair="pair"), labelled=True,
+                                 regression=False, skips=SkipCounter())
 
 
 def test_user_labels_one_number_one_class_and_a_label_across_lines_is_malformed(tmp_path):

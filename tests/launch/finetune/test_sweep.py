@@ -44,6 +44,9 @@ def test_paper_grid_and_expansion(tmp_path):
     (tmp_path / "empty.yaml").write_text("lr: []\nepochs: [2]\n")  # ran no trial, then failed in matplotlib
     with pytest.raises(ValueError, match=r"grid key lr has no values"):
         load_grid(tmp_path / "empty.yaml")
+    (tmp_path / "utf16.yaml").write_bytes("lr: [1.0e-4]\n".encode("utf-16"))  # the codec's words, no file, no fix
+    with pytest.raises(ValueError, match=r"--grid .*utf16.yaml is not UTF-8 text; save it as UTF-8"):
+        load_grid(tmp_path / "utf16.yaml")
 
 
 def test_grid_values_take_the_settings_types_and_tune_sees_no_base_field_a_point_overrides(tmp_path):
