@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.atomic_write import write_text_atomic
 from pipeline.corpus_output import (TMP, clear_previous_output, delete_tree, is_remote, mark_users_vocab, outside,
-                                    same_file)
+                                    refuse_inputs_in_out, same_file)
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
@@ -260,6 +260,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     FileSystems.set_options(options)
     config.validate()
     start = time.time()
+    refuse_inputs_in_out(config.inputs, config.out)
     files = outside(expand_inputs(config.inputs), config.out)
     text_files = [f for f in files if not (config.vocab and same_file(f, config.vocab))]
     if len(text_files) < len(files):  # `--input data --vocab data/vocab.txt`

@@ -355,6 +355,27 @@ def test_the_users_vocab_txt_in_out_is_kept_after_a_job_that_did_not_finish(tmp_
     assert (out / "vocab.txt").read_text(encoding="utf-8") == mine
 
 
+def test_an_input_named_inside_out_is_refused_and_out_inside_an_input_folder_is_not_read(tmp_path, data_dir,
+                                                                                          capsys):
+    # `--input OUT/book.txt other.txt --out OUT` read only other.txt, without a word.
+    out, book = tmp_path / "out", data_dir / "books" / "persuasion.txt"
+    out.mkdir()
+    shutil.copy(book, out / "mine.txt")
+    common = ["--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"), "--seq-len", "64", "--dupe-factor",
+              "1", "--progress-seconds", "0"]
+    for given in (out / "mine.txt", out, f"{out}/*.txt"):
+        err = _fails(["corpus", "--input", str(given), str(book), "--out", str(out), *common], capsys)
+        assert f"--input {given} lies inside --out {out}" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+    # --out inside an --input folder is fine: the corpus's own files there are not read back as text.
+    text = tmp_path / "text"
+    text.mkdir()
+    shutil.copy(book, text / "book.txt")
+    argv = ["corpus", "--input", str(text), "--out", str(text / "corpus"), *common]
+    assert cli.main(argv) == 0 and cli.main(argv) == 0
+    assert json.loads((text / "corpus" / "manifest.json").read_text())["counters"]["files_read"] == 1
+
+
 def test_the_vocab_inside_an_input_directory_is_not_read_as_text(tmp_path, data_dir, capsys):
     text = tmp_path / "text"
     text.mkdir()
