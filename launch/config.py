@@ -137,6 +137,18 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """`{dotted.key: (old value, new value)}` for every leaf where two config trees (`to_dict`) differ."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in [*new, *(k for k in old if k not in new)]:  # in the new tree's order (a saved one may be sorted)
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict) and key != "fields":  # model.fields: a value of its own
+            out.update(differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[f"{prefix}{key}"] = (a, b)
+    return out
+
+
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     """`["optim.lr=1e-4", "zero.stage=2"]` -> nested dict; values parsed as YAML scalars/lists."""
     tree: dict[str, Any] = {}

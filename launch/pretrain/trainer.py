@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launch.config import save_config, to_dict
+from launch.config import differences, save_config, to_dict
 from launch.checkpoint_dirs import (RUN_FILES, RUN_MARKER, checkpoint_tags, is_run_dir, read_meta, select_checkpoint,
                                     tag_step)
 from launch.pretrain.checkpoints import convert_to_universal, load_rng, remove_unfinished, save as save_checkpoint
@@ -209,13 +209,9 @@ class Trainer:
         if meta["step"] > self.cfg.schedule.total_steps:  # it finished "at once" and rewrote config.yaml's total
             raise ValueError(f"the run is at step {meta['step']} already; --max-steps {self.cfg.schedule.total_steps} "
                              f"is behind it: pass more steps to continue, or export the run as it is")
-        # Allowed (extending a run with --max-steps, lowering the lr after a spike), but never silently:
-        # from here on the lr follows the new curve, not the one the checkpoint was trained on.
-        changed = []
-        for section in ("schedule", "optim"):
-            there = meta["config"].get(section, {})
-            changed += [f"{section}.{k} {there.get(k)!r} there, {v!r} now" for k, v in mine[section].items()
-                        if there.get(k) != v]
+        # Allowed (extending a run with --max-steps, lowering the lr after a spike, saving more often), never
+        # silently: the lr then follows the new curve; and a RUN/config.yaml edited or cut short since is seen.
+        changed = [f"{k} {there!r} there, {now!r} now" for k, (there, now) in differences(meta["config"], mine).items()]
         if changed:
             log.warning("%s: from step %d the run follows its own settings", "; ".join(changed), meta["step"])
         # The corpus's content (shards, vocabulary, masking settings), not its manifest's bytes, which

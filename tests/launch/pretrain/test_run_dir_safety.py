@@ -280,7 +280,7 @@ def test_resume_with_new_optimizer_settings_and_more_steps_uses_them_from_its_fi
     longer = [*TRAIN, "--max-steps", "12", "--optim.lr", "0.003", "--optim.beta2", "0.98"]
     done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *longer, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("schedule.total_steps 8 there, 12 now; optim.lr 0.01 there, 0.003 now; optim.beta2 0.999 there, 0.98 now: "
+    assert ("optim.lr 0.01 there, 0.003 now; optim.beta2 0.999 there, 0.98 now; schedule.total_steps 8 there, 12 now: "
             "from step 8 the run follows its own settings") in done.stderr
     cfg = load_config(PretrainConfig, str(out / "config.yaml"))
     assert cfg.optim.lr == 0.003 and cfg.schedule.total_steps == 12
@@ -291,6 +291,18 @@ def test_resume_with_new_optimizer_settings_and_more_steps_uses_them_from_its_fi
     state = load_checkpoint_file(optim_file)  # the code base's one torch.load: tensors and DeepSpeed's records only
     groups = state["optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
     assert [g["betas"] for g in groups] == [(0.9, 0.98)] * 2 and [g["weight_decay"] for g in groups] == [0.01, 0.0]
+
+
+def test_a_config_yaml_cut_short_since_is_named_on_resume_not_taken_silently(run, small_corpus, tmp_path):
+    """RUN/config.yaml cut before its `checkpoint:` section (an interrupted copy of the run) still parses, and the
+    resume took the defaults for what was cut (saving every 1,000 steps, not 2) without a word."""
+    out = copy_run(run, tmp_path / "run")
+    lines = (out / "config.yaml").read_text().splitlines(keepends=True)
+    (out / "config.yaml").write_text("".join(lines[:next(i for i, l in enumerate(lines) if l.startswith("checkpoint:"))]))
+    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", "--max-steps", "9", "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for said in ("checkpoint.save_every 2 there, 1000 now", "log.eval_every 0 there, 500 now"):
+        assert said in done.stderr, done.stderr[-3000:]
 
 
 def test_metadata_that_does_not_parse_names_its_file(run, tmp_path):
