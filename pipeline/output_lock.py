@@ -71,6 +71,9 @@ class OutputLock:
     export is renamed into place whole), e.g. `.NAME.bertpipe.lock` beside it."""
 
     def __init__(self, out: str | os.PathLike, command: str, lock_file: str | os.PathLike | None = None):
+        # A remote --out (gs://, s3://) is not locked here (object stores have no exclusive create): checked
+        # on the text, as Path("gs://b/x") is the local "gs:/b/x", which acquire would have created.
+        self.remote = "://" in str(out)
         self.out = Path(out)
         self.path = Path(lock_file) if lock_file is not None else self.out / LOCK_NAME
         self.command = command
@@ -79,7 +82,7 @@ class OutputLock:
         self._stop_heartbeat = threading.Event()
 
     def acquire(self) -> "OutputLock":
-        if "://" in str(self.out):
+        if self.remote:
             return self
         if self.out.exists() and not self.out.is_dir():
             raise OutputLocked(f"--out {self.out} is a file; pass a directory")

@@ -189,3 +189,18 @@ def test_another_hosts_pid_is_not_looked_up_here(tmp_path):
     with pytest.raises(OutputLocked, match=f"pid {dead.pid} on some-other-node.*delete {out / LOCK_NAME}"):
         OutputLock(out, "corpus").acquire()
     assert (out / LOCK_NAME).read_text() == written
+
+
+def test_a_remote_out_makes_no_local_folder(tmp_path, monkeypatch, capsys):
+    # Path("gs://bucket/corpus") is the local "gs:/bucket/corpus": the lock made that folder in the working
+    # directory (and was held there, not on the bucket), also when the job then failed.
+    from launch import cli
+    from repo_paths import BOOKS, VOCAB
+
+    monkeypatch.chdir(tmp_path)
+    with OutputLock("gs://bucket/corpus", "corpus") as lock:
+        assert lock.remote
+    with pytest.raises(SystemExit):  # no GCS file system installed here: refused in one line
+        cli.main(["corpus", "--input", str(BOOKS[0]), "--vocab", str(VOCAB), "--out", "gs://bucket/corpus"])
+    assert "Traceback" not in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
