@@ -8,6 +8,7 @@ subcommand is used, so `bertpipe corpus` does not pay for importing torch or ray
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import signal
@@ -78,18 +79,22 @@ def _end_within(seconds: float, command: str, code: int) -> None:
     threading.Thread(target=end, name="bertpipe-exit-timer", daemon=True).start()
 
 
-def _unwritable_out(err: BaseException, out: object) -> str | None:
-    """"Read-only file system: PATH" (or permission denied) when `err` is that, on a path in --out, on the
-    folder that holds it, or beside it there (an output renamed into place when whole is locked by a
-    `.OUT.bertpipe.lock` beside it: `pipeline.output_lock.lock_beside`)."""
-    import errno
-
-    if not (out and isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and err.filename):
-        return None
+def _on_out(err: BaseException, out: object, codes: tuple[int, ...], beside: bool = True) -> bool:
+    """Whether `err` is an OSError of one of `codes` on a path in --out or on a folder above it, or (`beside`)
+    beside it (an output renamed into place when whole is locked by a `.OUT.bertpipe.lock` beside
+    it: `pipeline.output_lock.lock_beside`)."""
+    if not (out and isinstance(err, OSError) and err.errno in codes and err.filename):
+        return False
     target, path = os.path.abspath(str(out)), os.path.abspath(str(err.filename))
-    inside = path == target or path.startswith(os.path.join(target, ""))
-    beside = os.path.dirname(target) in (path, os.path.dirname(path))
-    return f"{err.strerror}: {err.filename}" if inside or beside else None
+    inside = path == target or path.startswith(os.path.join(target, "")) or target.startswith(os.path.join(path, ""))
+    return inside or beside and os.path.dirname(target) == os.path.dirname(path)
+
+
+def _unwritable_out(err: BaseException, out: object) -> str | None:
+    """"Read-only file system: PATH" (or permission denied) when `err` is that, on --out (`_on_out`)."""
+    if not _on_out(err, out, (errno.EACCES, errno.EPERM, errno.EROFS)):
+        return None
+    return f"{err.strerror}: {err.filename}"
 
 
 def _stop_on_sigterm() -> None:
@@ -140,8 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - only a full disk is turned into a message; the rest re-raises
         out = getattr(args, "out", None) or vars(args).get("cfg:out")
         message = disk_full_message(err, out)
-        if message is None and isinstance(err, (FileExistsError, NotADirectoryError)) and out:
-            # e.g. a parent of --out is a file: mkdir fails where nothing could be written
+        if message is None and out and (isinstance(err, (FileExistsError, NotADirectoryError)) or _on_out(
+                err, out, (errno.ENAMETOOLONG, errno.ENOENT), beside=False)):
+            # e.g. a parent of --out is a file, its name is too long, or it is under /proc: mkdir fails there
             parser.exit(2, f"bertpipe {command}: error: cannot create --out {out}: {err.strerror}: "
                            f"{err.filename}; choose another --out\n")
         unwritable = _unwritable_out(err, out)

@@ -216,3 +216,16 @@ def test_features_on_a_full_disk_names_its_output_file(tmpfs, tiny_checkpoint, t
     assert done.returncode == 1
     _one_error_line(done, "features", disk / ("f.npy" if pool == "mean" else "f.parquet"))
     assert not [p for p in disk.iterdir() if p.suffix in (".npy", ".parquet", ".partial")]
+
+
+def test_an_out_that_cannot_be_made_is_one_line_naming_it(tmp_path):
+    # A name too long for the file system, or a folder under /proc: Python's traceback, exit 1.
+    runs = {"corpus": ["corpus", "--input", str(DATA / "books" / "persuasion.txt"), "--vocab", str(VOCAB)],
+            "finetune": ["finetune", "--task", "sst2", "--data-dir", str(DATA / "glue"), "--checkpoint", "x"]}
+    for command, argv in runs.items():
+        for out, said in ((tmp_path / ("a" * 300), "File name too long"), (Path("/proc/bertpipe/out"),
+                                                                             "No such file or directory")):
+            done = _run([*argv, "--out", str(out)])
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+            last = done.stderr.strip().splitlines()[-1]
+            assert last.startswith(f"bertpipe {command}: error: cannot create --out {out}: {said}"), last
