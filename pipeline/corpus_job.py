@@ -164,8 +164,10 @@ def _counters(result) -> dict[str, int]:
 
 
 
-def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int, num_files: int) -> None:
-    """Refuse a corpus that is not one: no instances at all, or a vocabulary that turned the text into [UNK]."""
+def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int, num_files: int,
+                  trained: int | None) -> None:
+    """Refuse a corpus that is not one: no instances at all, or a vocabulary that turned the text into [UNK].
+    `trained`: the size of the vocabulary trained here (None: --vocab)."""
     skipped = {k: v for k, v in counters.items() if k.startswith("skipped_") and v}
     if instances == 0:
         why = ", ".join(f"{k} {v}" for k, v in skipped.items()) or "nothing was skipped: the input holds no text"
@@ -173,7 +175,10 @@ def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int
                          f"and --format; dead_letter/ in --out lists the skipped records")
     tokens, unk = counters.get("tokens", 0), counters.get("unk_tokens", 0)
     if tokens and unk / tokens > config.max_unk_share:
-        fix = (f"a vocabulary of --train-vocab-size {config.train_vocab_size} cannot spell this text's characters; "
+        fix = (f"the input is too small to train a vocabulary: {trained} tokens were learnt where --train-vocab-size "
+               f"{config.train_vocab_size} asked for more; give more text, or pass --vocab"
+               if trained is not None and trained < config.train_vocab_size
+               else f"a vocabulary of --train-vocab-size {config.train_vocab_size} cannot spell this text's characters; "
                "raise --train-vocab-size" if config.vocab is None  # trained here: too small to spell it
                else "the vocabulary does not fit this text. Pass the BERT WordPiece vocab.txt made for it (cased or "
                "uncased like the text) or --train-vocab-size N"
@@ -325,7 +330,8 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
 
     shard_infos = sorted(_read_jsonl(FileSystems.join(tmp, "shards*")), key=lambda s: (s["split"] != "train", s["path"]))
     # Checked before the manifest is written: a failed corpus stays recognisably unfinished.
-    _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files))
+    _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files),
+                  len(tokens) if config.vocab is None else None)
     if not any(s["num_instances"] for s in shard_infos if s["split"] == "train"):  # the documents that train made none
         raise ValueError(f"every instance went to the heldout split, none to training (--heldout-fraction "
                          f"{config.heldout_fraction} of a few documents); lower --heldout-fraction or add input")

@@ -24,10 +24,22 @@ ON_INTERRUPT = "partial files (.part) are kept; run the same command again to re
 log = get_logger(__name__)
 
 
+def _mirror(value: str) -> str:
+    """An http(s) URL with a host: a local path or `file://` was fetched as a URL and retried as a network
+    fault for a minute (exit 1, which schedulers retry)."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(value)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http(s) URL with a host, e.g. https://mirror.example.org/"
+                                         "gutenberg (a local copy: serve it, e.g. `python -m http.server` in its folder)")
+    return value
+
+
 def _common(parser: argparse.ArgumentParser, default_mirror: str) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory (shared by several downloads; "
                         "pass it to `bertpipe corpus --input`)")
-    parser.add_argument("--mirror", default=None, help=f"base URL of the mirror, in the same layout (default: {default_mirror})")
+    parser.add_argument("--mirror", type=_mirror, default=None, help=f"base URL of the mirror, in the same layout (default: {default_mirror})")
     parser.add_argument("--jobs", type=int, default=2, help="files downloaded in parallel (default: 2; "
                         "keep it low on dumps.wikimedia.org and www.gutenberg.org; mirrors allow more)")
     parser.add_argument("--retries", type=int, default=5, help="retries per file after a network error (default: 5)")

@@ -106,7 +106,8 @@ def load_catalog(catalog: Path | None, mirror: str, policy: RetryPolicy, languag
     """(books, where the catalogue came from): a local file, else the mirror's pg_catalog.csv."""
     if catalog is not None:
         if not catalog.is_file():
-            raise ValueError(f"--catalog {catalog} does not exist")
+            raise ValueError(f"--catalog {catalog} {'is not a file' if catalog.exists() else 'does not exist'}; pass "
+                             "Gutenberg's pg_catalog.csv or a file of ebook numbers, one per line")
         try:
             text = catalog.read_text(encoding="utf-8-sig")
         except UnicodeDecodeError as err:

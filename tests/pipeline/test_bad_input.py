@@ -229,7 +229,11 @@ def test_a_vocab_that_does_not_fit_the_text_fails_with_its_unk_share(tmp_path, d
 
     trained = CorpusConfig(inputs=["x"], out="o", train_vocab_size=300)
     with pytest.raises(ValueError, match=r"a vocabulary of --train-vocab-size 300 cannot spell .* raise --train-vocab-size"):
-        _check_result(trained, {"tokens": 100, "unk_tokens": 50}, 10, 1)
+        _check_result(trained, {"tokens": 100, "unk_tokens": 50}, 10, 1, 300)
+    # ...where the text was too small to learn 300 tokens, more asked for changes nothing (108 learnt of 1,000).
+    with pytest.raises(ValueError, match=r"too small to train a vocabulary: 108 tokens were learnt .* give more text, or "
+                                         r"pass --vocab"):
+        _check_result(trained, {"tokens": 100, "unk_tokens": 50}, 10, 1, 108)
 
 
 def test_the_unk_share_is_counted_in_the_manifest(small_corpus):

@@ -293,6 +293,12 @@ def test_books_from_a_local_catalogue_resume_after_a_cut(mirror, tmp_path: Path,
 def test_bad_arguments_are_clear(tmp_path: Path, capsys) -> None:
     rc, _, err = _run(["download", "books", "--catalog", str(tmp_path / "missing.csv"), "--out", str(tmp_path)], capsys)
     assert rc == 2 and "does not exist" in err
+    rc, _, err = _run(["download", "books", "--catalog", str(tmp_path), "--out", str(tmp_path)], capsys)
+    assert rc == 2 and f"--catalog {tmp_path} is not a file" in err  # it said "does not exist"
+    # A local path or file:// was fetched as a URL, retried as a network fault for a minute, then exit 1.
+    for mirror in ("/srv/gutenberg", "file:///srv/gutenberg"):
+        rc, _, err = _run(["download", "books", "--ids", "105", "--mirror", mirror, "--out", str(tmp_path)], capsys)
+        assert rc == 2 and f"argument --mirror: {mirror!r} is not an http(s) URL with a host" in err
     rc, _, err = _run(["download", "wikipedia", "--lang", "English!", "--out", str(tmp_path)], capsys)
     assert rc == 2 and "language code" in err
     # An --out that cannot be created is a clear error, not a traceback.
