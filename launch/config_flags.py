@@ -283,11 +283,13 @@ def warn_deprecated(command: str, forms: Sequence[str], cls: type, flag_names: d
 
 
 def config_from_args(args: argparse.Namespace, cls: type, *, legacy: Sequence[str] = (), preset: bool = False,
-                     fixed: dict[str, Any] | None = None, config_file: Any = None) -> Any:
+                     fixed: dict[str, Any] | None = None, config_file: Any = None,
+                     flag_names: dict[str, str] | None = None) -> Any:
     """Defaults <- --config (or `config_file`) <- deprecated `key=value` overrides <- flags <- `fixed`.
 
     `preset=True` lets --config name a preset in launch/configs/ (pre-training). Errors become a
-    CliError naming the key and the valid keys.
+    CliError naming the key (as the command's flag: `flag_names` where it is not the key's own spelling)
+    and the valid keys.
     """
     try:
         source = config_file if config_file is not None else args.config
@@ -299,12 +301,12 @@ def config_from_args(args: argparse.Namespace, cls: type, *, legacy: Sequence[st
         data = merge(data, fixed or {})
         return from_dict(cls, data)
     except (OSError, ValueError) as err:
-        raise CliError(_flagged(str(err))) from None
+        raise CliError(_flagged(str(err), flag_names)) from None
     except yaml.YAMLError as err:  # load_yaml and parse_overrides name their source; this is a last resort
         raise CliError(f"cannot read the configuration: {yaml_problem(err)}") from None
 
 
-def _flagged(message: str) -> str:
-    """Name config keys the way the command line spells them (`seq_len` -> `--seq-len`)."""
+def _flagged(message: str, flag_names: dict[str, str] | None = None) -> str:
+    """Name config keys the way the command line spells them (`seq_len` -> `--seq-len`, `inputs` -> `--input`)."""
     return re.sub(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)(?=: )",
-                  lambda m: _flag_of(tuple(m.group(1).split("."))), message, count=1)
+                  lambda m: (flag_names or {}).get(m.group(1), _flag_of(tuple(m.group(1).split(".")))), message, count=1)

@@ -123,7 +123,7 @@ def _config_of(args: argparse.Namespace):
     # An explicit vocab choice on the command line replaces the other one from the file.
     fixed = {"train_vocab_size": None} if "vocab" in flags else {"vocab": None} if "train_vocab_size" in flags else {}
     warn_deprecated("corpus", args.action, CorpusConfig, FLAG_NAMES)
-    config = config_from_args(args, CorpusConfig, legacy=args.action, fixed=fixed)
+    config = config_from_args(args, CorpusConfig, legacy=args.action, fixed=fixed, flag_names=FLAG_NAMES)
     if not config.inputs:
         raise CliError("give --input PATH [PATH ...] (files, directories or globs)")
     if not config.out:

@@ -220,6 +220,11 @@ def test_config_typos_are_refused_before_work(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         cli.main(["corpus", "--input", str(tmp_path), "--vocab", "v.txt", "--out", str(tmp_path / "o"), "seq_lenn=64"])
     assert err.value.code == 2 and "unknown config key(s) seq_lenn" in capsys.readouterr().err
+    # A key of the wrong type is named as the flag that sets it, which for `inputs` is --input (not --inputs).
+    (tmp_path / "c.yaml").write_text("inputs: books/\n")
+    with pytest.raises(SystemExit) as err:
+        cli.main(["corpus", "--config", str(tmp_path / "c.yaml"), "--vocab", "v.txt", "--out", str(tmp_path / "o")])
+    assert err.value.code == 2 and "error: --input: expected a list, got 'books/'" in capsys.readouterr().err
 
 
 def test_unknown_input_format_is_refused_before_work(tmp_path, capsys):
