@@ -55,11 +55,36 @@ def config_from_args(args: argparse.Namespace, command: str = "finetune", **fixe
     return cfg
 
 
+# Flags only some setups read, and which: given to another one, they did nothing, without a word. Checked for
+# one run only: a sweep applies its flags to every trial (Table 7's fine-tuning row, a task of several).
+_READ_BY = {
+    "text_column": ("classify, regress and tag", lambda c, t: t in ("classify", "regress", "tag")),
+    "label_column": ("classify, regress and tag", lambda c, t: t in ("classify", "regress", "tag")),
+    "text_pair_column": ("classify and regress", lambda c, t: t in ("classify", "regress")),
+    **{k: ("squad", lambda c, t: t == "squad") for k in ("doc_stride", "max_query_length", "n_best", "max_answer_length")},
+    **{k: ("--feature-based", lambda c, t: c.feature_based) for k in ("feature_head", "lstm_hidden", "feature_lr",
+                                                                     "feature_cache")},
+}
+
+
+def refuse_unread_flags(cfg: FinetuneConfig, given: list[str]) -> None:
+    from launch.config_flags import flag_of
+    from launch.finetune.finetune_config import canonical_task
+
+    task = canonical_task(cfg.task)
+    for key in given:
+        if key in _READ_BY and not _READ_BY[key][1](cfg, task):
+            raise CliError(f"{flag_of(key)} applies to {_READ_BY[key][0]} only; this run ({cfg.task}"
+                           f"{', fine-tuning' if not cfg.feature_based else ''}) does not read it: drop it")
+
+
 def run(args: argparse.Namespace) -> int:
+    from launch.config_flags import given_flags
     from launch.log import setup_logging
 
     setup_logging()
     cfg = config_from_args(args)
+    refuse_unread_flags(cfg, list(given_flags(args)))
     from launch.finetune.runner import finetune
 
     from pipeline.output_lock import OutputLock

@@ -211,6 +211,20 @@ def _error(argv: list[str], capsys) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--text-column", "review"], "--text-column applies to classify, regress and tag only"),
+    (["--doc-stride", "64"], "--doc-stride applies to squad only"),
+    (["--lstm-hidden", "64"], "--lstm-hidden applies to --feature-based only"),
+    (["--feature-lr", "1e-4"], "--feature-lr applies to --feature-based only"),
+])
+def test_a_flag_this_run_does_not_read_is_refused_not_ignored(tmp_path, capsys, flags, said):
+    # Each ran to the end without a word, as if the flag had been used (--doc-context and --layers said so).
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tmp_path), "--out",
+                  str(tmp_path / "o"), *flags], capsys)
+    assert said in err and "this run (sst2, fine-tuning) does not read it: drop it" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_refuses_a_directory_without_bert(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tmp_path), "--out",
