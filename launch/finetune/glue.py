@@ -100,6 +100,9 @@ def read_glue_file(spec: GlueSpec, path: Path, *, labelled: bool, skips: SkipCou
     ib = _index(header, spec.text_b, path) if spec.text_b is not None else None
     il = _index(header, spec.label, path) if labelled else None
     iid = column_index(header, spec.id_column, path) if (header is not None and spec.id_column in header) else None
+    if not labelled and iid is None:  # ids made up from line numbers: a submission the server would reject
+        raise DataError(f"{path} has no {spec.id_column!r} column, by which the GLUE server matches the predictions to "
+                        f"its rows; use the test file of the GLUE download, or remove it to skip the submission")
     width = len(header) if header is not None else 4  # CoLA: source, label, notes, sentence
     examples: list[TextExample] = []
     for line, fields in rows:

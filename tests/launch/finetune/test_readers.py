@@ -160,6 +160,13 @@ def test_malformed_line_reports_file_and_line():
     assert [ex.text_a for ex in kept] == ["a gripping , funny film .", "a dull , lifeless mess .", "an utterly charming comedy ."]
 
 
+def test_a_test_file_without_its_id_column_is_refused(tmp_path):
+    # Its rows got the ids test-2, test-3, ... in submission/SST-2.tsv, which the GLUE server rejects.
+    (tmp_path / "test.tsv").write_text("sentence\nfine .\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"test.tsv has no 'index' column, by which the GLUE server matches"):
+        glue.read_glue_file(glue.GLUE_TASKS["sst2"], tmp_path / "test.tsv", labelled=False, skips=SkipCounter())
+
+
 def test_a_malformed_test_line_is_refused_even_when_skipping(tmp_path):
     # The GLUE server takes a submission only with a prediction for every test line: one skipped line
     # would shift every later prediction's index.
