@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
 from launch.errors import WRITE_LIMITS
 
@@ -98,17 +99,13 @@ def setup_logging(level: int = logging.INFO) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     # Beam announces at import that GCS support is not installed; a gs:// input says so itself.
     logging.getLogger("apache_beam.io.filesystems").setLevel(max(level, logging.ERROR))
-    import threading
-
     threading.excepthook = _write_limit_in_a_thread
 
 
-def _write_limit_in_a_thread(args: "threading.ExceptHookArgs") -> None:
+def _write_limit_in_a_thread(args: threading.ExceptHookArgs) -> None:
     """A write that did not fit, met by a library's own writer thread (TensorBoard's event writer on a full
     disk): one warning line naming the file, not the thread's traceback (what the run does then, it says
     itself). Anything else goes to Python's own hook."""
-    import threading
-
     from launch.errors import disk_full_message
 
     said = disk_full_message(args.exc_value, "its output") if args.exc_value is not None else None
