@@ -99,18 +99,23 @@ def setup_logging(level: int = logging.INFO) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     # Beam announces at import that GCS support is not installed; a gs:// input says so itself.
     logging.getLogger("apache_beam.io.filesystems").setLevel(max(level, logging.ERROR))
-    threading.excepthook = _write_limit_in_a_thread
+    global _previous_thread_hook
+    if threading.excepthook is not _write_limit_in_a_thread:  # a second setup must not wrap it twice
+        _previous_thread_hook, threading.excepthook = threading.excepthook, _write_limit_in_a_thread
+
+
+_previous_thread_hook = threading.excepthook
 
 
 def _write_limit_in_a_thread(args: threading.ExceptHookArgs) -> None:
     """A write that did not fit, met by a library's own writer thread (TensorBoard's event writer on a full
     disk): one warning line naming the file, not the thread's traceback (what the run does then, it says
-    itself). Anything else goes to Python's own hook."""
+    itself). Anything else goes to the hook that was there before."""
     from launch.errors import disk_full_message
 
     said = disk_full_message(args.exc_value, "its output") if args.exc_value is not None else None
     if said is None:
-        threading.__excepthook__(args)
+        _previous_thread_hook(args)
         return
     import traceback
 
