@@ -208,7 +208,8 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
     check_export_target(run_dir, out, overwrite)
     ckpt_dir = run_dir / "checkpoints"
     tag = tag if verified else select_checkpoint(ckpt_dir, tag)
-    meta = read_meta(ckpt_dir, tag)
+    with _while_it_exists(ckpt_dir, tag):
+        meta = read_meta(ckpt_dir, tag)
     lacking = [k for k in ("config", "bert_config") if not isinstance(meta.get(k), dict)]
     if lacking:
         raise ValueError(f"{ckpt_dir / tag / META} lacks {' and '.join(lacking)} (the run's settings and the "
@@ -219,7 +220,8 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
     _remove_stopped_exports(out)
     tmp = Path(tempfile.mkdtemp(prefix=f"{_partial_prefix(out)}{os.getpid()}-", dir=out.parent))
     try:
-        write_export(ckpt_dir, tag, meta, tmp, run_dir)
+        with _while_it_exists(ckpt_dir, tag):
+            write_export(ckpt_dir, tag, meta, tmp, run_dir)
         marker = {"format": "bertpipe-export", "run": str(run_dir.resolve()), "tag": tag,
                   "checkpoint_sha256": _checkpoint_identity(ckpt_dir, tag),
                   "files": sorted(p.name for p in tmp.iterdir()) + [EXPORT_MARKER],
@@ -230,6 +232,20 @@ def export_run(run_dir: str | Path, out: str | Path, tag: str | None = None, *, 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+@contextlib.contextmanager
+def _while_it_exists(ckpt_dir: Path, tag: str):
+    """Reading checkpoint `tag`: where it is gone by the time a read fails, a run still training there pruned it
+    (it keeps only its newest `checkpoint.keep_last`). That is said, not "the save did not finish" or a
+    FileNotFoundError's traceback."""
+    try:
+        yield
+    except (OSError, ValueError):
+        if (ckpt_dir / tag).is_dir() and (ckpt_dir / tag / META).is_file():
+            raise
+        raise ValueError(f"checkpoint {ckpt_dir / tag} was removed while it was exported (a `bertpipe pretrain` still "
+                         "writing the run keeps only its newest checkpoint.keep_last); export again") from None
 
 
 def _partial_prefix(out: Path) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -529,6 +530,26 @@ def test_an_export_changed_since_it_was_written_is_refused_naming_the_file(run, 
         resolve_checkpoint(hf)
     (hf / EXPORT_MARKER).unlink()  # changed on purpose: the user's folder now, read as any HF directory
     assert resolve_checkpoint(hf) == hf
+
+
+def test_a_checkpoint_pruned_while_it_is_exported_is_said_so(run, tmp_path, monkeypatch):
+    # Exporting a run that is still training: the trainer pruned the checkpoint export had chosen, and export
+    # said "bertpipe.json is missing (the save did not finish)", or showed a FileNotFoundError's traceback.
+    import launch.pretrain.hf_export as hf_export
+    from launch.export_dirs import export_run
+
+    out = copy_run(run, tmp_path / "run")
+    real = hf_export.write_export
+
+    def pruned_first(ckpt_dir, tag, *args):  # what the trainer's `_prune` does, between choosing and reading
+        shutil.rmtree(ckpt_dir / tag)
+        return real(ckpt_dir, tag, *args)
+
+    monkeypatch.setattr(hf_export, "write_export", pruned_first)
+    with pytest.raises(ValueError, match=rf"checkpoint {re.escape(str(out / 'checkpoints' / 'global_step8'))} was removed "
+                                         r"while it was exported .*; export again"):
+        export_run(out, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.bertpipe-partial-*"))
 
 
 def test_an_export_is_readable_as_the_umask_allows_and_has_one_writer(run, tmp_path):
