@@ -234,10 +234,18 @@ def test_ctrl_c_or_sigterm_while_the_ranks_start_is_one_line(small_corpus, tmp_p
     out = tmp_path / "interrupted"
     proc = subprocess.Popen(pretrain_cmd(small_corpus, out, 2, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    def in_our_imports(rank: psutil.Process) -> bool:
+        # torch's library mapped: the rank is inside __main__'s try, importing, with DeepSpeed's setup and the
+        # shard check (seconds) still ahead. A fixed second after the ranks appeared was sometimes still the
+        # interpreter's own start-up on a loaded machine, and that rank ended without its line.
+        try:
+            return "libtorch" in Path(f"/proc/{rank.pid}/maps").read_text()
+        except OSError:
+            return False
+
     try:
-        wait_for(lambda: sum("launch.pretrain" in c.cmdline()
+        wait_for(lambda: sum("launch.pretrain" in c.cmdline() and in_our_imports(c)
                              for c in psutil.Process(proc.pid).children(recursive=True)) == 2, proc)
-        time.sleep(1)  # past the interpreter's own start-up; their setup takes several seconds more
         proc.send_signal(signum)  # to the launcher, which passes it on, as Ctrl-C reaches them all
         output, _ = proc.communicate(timeout=120)
     finally:
