@@ -185,19 +185,18 @@ def _delete_dead_letters(out: str, objects: list[str]) -> None:
         os.rmdir(folder)
 
 
-def _under(path: str, out: str) -> bool:
+def _in(path: str, out: str) -> bool:
+    """Whether `path` is `out` or lies under it."""
     if is_remote(out):
-        return path.startswith(out.rstrip("/") + "/")
-    return not is_remote(path) and os.path.abspath(path).startswith(os.path.join(os.path.abspath(out), ""))
+        return path.rstrip("/") == out.rstrip("/") or path.startswith(out.rstrip("/") + "/")
+    return not is_remote(path) and os.path.join(os.path.abspath(path), "").startswith(os.path.join(os.path.abspath(out), ""))
 
 
 def refuse_inputs_in_out(inputs: list[str], out: str) -> None:
     """An `--input` named inside `--out` (a file, a folder, a glob's fixed part): its text would be left out
     without a word, or the corpus read back as text. `--out` inside an `--input` folder is fine (`outside`)."""
     for given in inputs:
-        fixed = given.split("*")[0].split("?")[0].split("[")[0]
-        if _under(fixed, out) or not is_remote(given) and not is_remote(out) and \
-                os.path.abspath(fixed.rstrip("/") or "/") == os.path.abspath(out):
+        if _in(given.split("*")[0].split("?")[0].split("[")[0], out):
             raise ValueError(f"--input {given} lies inside --out {out}, which holds the corpus's own files: move "
                              "the input out of it, or choose another --out")
 
@@ -205,11 +204,12 @@ def refuse_inputs_in_out(inputs: list[str], out: str) -> None:
 def outside(files: list[str], out: str) -> list[str]:
     """`files` minus those under `out`: `--out` inside an `--input` directory must not feed a
     previous run's vocab.txt, shards and dead letters back in as text. What is left out is said."""
-    kept = [f for f in files if not _under(f, out)]
+    kept, left = [], []
+    for f in files:
+        (left if _in(f, out) else kept).append(f)
     if not kept:
         raise ValueError(f"every input file is inside --out {out}; write the corpus somewhere else")
-    if len(kept) < len(files):
-        left = [f for f in files if _under(f, out)]
+    if left:
         log.info("not reading %d file(s) inside --out %s (the corpus's own): %s", len(left), out,
                  ", ".join(left[:3]) + (" ..." if len(left) > 3 else ""))
     return kept

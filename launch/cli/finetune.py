@@ -23,7 +23,7 @@ from typing import Any
 
 from launch.errors import CliError
 from launch.config_flags import add_config_flags, config_from_args as config_from_args_of, warn_deprecated
-from launch.finetune.finetune_config import FinetuneConfig
+from launch.finetune.finetune_config import FEATURE_HEAD_SETTINGS, FinetuneConfig
 
 USAGE = "bertpipe finetune --task TASK --data-dir DIR --checkpoint CKPT --out OUT [--config FILE.yaml] [--KEY VALUE ...]"
 
@@ -62,8 +62,7 @@ _READ_BY = {
     "label_column": ("classify, regress and tag", lambda c, t: t in ("classify", "regress", "tag")),
     "text_pair_column": ("classify and regress", lambda c, t: t in ("classify", "regress")),
     **{k: ("squad", lambda c, t: t == "squad") for k in ("doc_stride", "max_query_length", "n_best", "max_answer_length")},
-    **{k: ("--feature-based", lambda c, t: c.feature_based) for k in ("feature_head", "lstm_hidden", "feature_lr",
-                                                                     "feature_cache")},
+    **{k: ("--feature-based", lambda c, t: c.feature_based) for k in (*FEATURE_HEAD_SETTINGS, "feature_cache")},
 }
 
 

@@ -14,6 +14,8 @@ TASK_ALIASES = {
 }
 
 
+# What only the head of `finetune --feature-based` reads.
+FEATURE_HEAD_SETTINGS = ("feature_lr", "feature_head", "lstm_hidden")
 # The named `--layers` choices (launch/finetune/feature_extraction.py: parse_layers says what each takes).
 NAMED_LAYERS = ("embeddings", "last", "second-to-last", "last4-concat", "last4-sum", "all-sum", "last4-weighted",
                 "all-weighted")
@@ -132,7 +134,7 @@ class FinetuneConfig:
 
     def unused_settings(self) -> set[str]:
         """Fields this setup does not read: a sweep varying one would run copies of the same trial."""
-        return {"lr"} if self.feature_based else {"feature_lr", "feature_head", "lstm_hidden"}
+        return {"lr"} if self.feature_based else set(FEATURE_HEAD_SETTINGS)
 
     def validate(self) -> None:
         """Refuse settings that cannot train, naming the flag to change."""

@@ -125,12 +125,15 @@ def remove_conversion(ckpt_dir: Path, tag: str) -> None:
     renamed into place); a folder of that name without it (DeepSpeed's `ds_to_universal` run by hand writes
     there too) is someone else's: left, with a line saying so."""
     folder = ckpt_dir / f"{tag}_universal"
-    if folder.is_symlink() or not folder.is_dir():
-        return
-    if (folder / UNIVERSAL_RECORD).is_file():
+    if _our_conversion(folder):
         shutil.rmtree(folder, ignore_errors=True)
-    else:
+    elif folder.is_dir() and not folder.is_symlink():
         log.warning("%s holds no %s: not a conversion of bertpipe's, left as it is", folder, UNIVERSAL_RECORD)
+
+
+def _our_conversion(folder: Path) -> bool:
+    """A folder `convert_to_universal` made: a real folder (not a link) holding our record."""
+    return not folder.is_symlink() and folder.is_dir() and (folder / UNIVERSAL_RECORD).is_file()
 
 
 def remove_unfinished(ckpt_dir: Path) -> int:
@@ -165,7 +168,7 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
         folder = ckpt_dir / universal
         # Not a conversion of ours (a file, a link, or a folder without our record: `ds_to_universal` run by
         # hand writes to this name too): never deleted.
-        if folder.is_symlink() or not folder.is_dir() or not (folder / UNIVERSAL_RECORD).is_file():
+        if not _our_conversion(folder):
             raise ValueError(f"{folder} is not a conversion bertpipe made (a file, a link, or a folder without "
                              f"{UNIVERSAL_RECORD}); move it away and resume again")
         log.warning("%s is converted again: %s", folder, stale)
