@@ -29,7 +29,8 @@ _TRAILING_SECTIONS = {"references", "external links", "see also", "further readi
 _LIST_PREFIX = re.compile(r"^[*#:;]+\s*")
 # References and comments go before parsing (as WikiExtractor does): they are a large share of an
 # article's markup, and an unbalanced one can make the parser keep it as literal text.
-_REFS_AND_COMMENTS = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref\s*>|<!--.*?-->", re.S | re.I)
+_REFS = re.compile(r"<ref\b[^>/]*/>|<ref\b[^>]*>.*?</ref\s*>", re.S | re.I)
+_COMMENTS = re.compile(r"<!--.*?-->", re.S)
 # File/image links (with one level of nested links in the caption) trip the parser when the caption
 # holds odd markup; they are never prose.
 _FILE_LINKS = re.compile(r"\[\[\s*(?:file|image)\s*:(?:[^\[\]]|\[\[[^\[\]]*\]\])*\]\]", re.I)
@@ -56,6 +57,49 @@ def _drop_nested(text: str, pattern: re.Pattern, opener: str) -> str:
             if depth == 0:
                 last = m.end()
     out.append(text[outer_start:] if depth > 0 else text[last:])
+    return "".join(out)
+
+
+# HTML-style tags, opening or closing; a self-closing one ends in "/>".
+_HTML_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9]*)\b[^<>]*>")
+# Tags that take no closing tag, which the parser knows as such.
+_VOID_TAGS = {"br", "wbr", "hr", "img", "meta", "link"}
+
+
+def _drop_comments(text: str) -> str:
+    """Remove comments; an unclosed `<!--` goes and the text after it stays (as WikiExtractor keeps it).
+
+    Every `<!--` after the last `-->` is unclosed; handled apart, so that the regex does not search
+    the rest of the page once for each of them.
+    """
+    cut = text.rfind("-->") + 3 if "-->" in text else 0
+    return _COMMENTS.sub("", text[:cut]) + text[cut:].replace("<!--", "")
+
+
+def _drop_unclosed_tags(text: str) -> str:
+    """Remove opening tags that no later closing tag of their name matches, in one linear scan.
+
+    mwparserfromhell (and the reference regex) search the rest of the page for each one's closing
+    tag before giving up and keeping it as literal text, which `_LEFTOVER_TAG` then strips: a page
+    with thousands of them (a table pasted as `<td>`-less HTML, a bot's broken `<ref>`s) took
+    minutes. Removing them first gives the same paragraphs in linear time.
+    """
+    open_tags: dict[str, list[tuple[int, int]]] = {}
+    for m in _HTML_TAG.finditer(text):
+        name = m.group(2).lower()
+        if m.group(1):
+            if open_tags.get(name):
+                open_tags[name].pop()
+        elif name not in _VOID_TAGS and not m.group().endswith("/>"):
+            open_tags.setdefault(name, []).append(m.span())
+    unclosed = sorted(span for spans in open_tags.values() for span in spans)
+    if not unclosed:
+        return text
+    out, last = [], 0
+    for start, end in unclosed:
+        out.append(text[last:start])
+        last = end
+    out.append(text[last:])
     return "".join(out)
 
 
@@ -107,7 +151,7 @@ def _unwanted(node) -> bool:
 
 def wikitext_to_paragraphs(wikitext: str) -> list[str]:
     """Plain-text paragraphs (one per source line that holds prose) of an article's wikitext."""
-    text = _REFS_AND_COMMENTS.sub("", wikitext)
+    text = _REFS.sub("", _drop_unclosed_tags(_drop_comments(wikitext)))
     text = _drop_nested(_drop_nested(text, _TEMPLATE_BRACES, "{{"), _TABLE_BRACES, "{|")
     code = mwparserfromhell.parse(_FILE_LINKS.sub("", text))
     kept = []
