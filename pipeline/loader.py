@@ -21,6 +21,7 @@ Legend: B = micro-batch size, L = longest sequence in the batch, P = most masked
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class _Block:
     size: int
     lists: dict[str, tuple[np.ndarray, np.ndarray]]
     nsp: np.ndarray
+    shard: int = 0  # index into ShardedSplit._maps
 
 
 class ShardedSplit:
@@ -63,6 +65,7 @@ class ShardedSplit:
         self.split = split
         self._blocks: list[_Block] = []
         self._maps: list[pa.MemoryMappedFile] = []
+        self._paths: list[Path] = []  # of each map
         for shard in self.corpus.shards(split):
             path = self.dir / shard["path"]
             if path.suffix != ".arrow":
@@ -72,6 +75,7 @@ class ShardedSplit:
             try:
                 mm = pa.memory_map(str(path), "r")
                 self._maps.append(mm)
+                self._paths.append(path)
                 reader = pa.ipc.open_file(mm)
                 batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
             except (pa.ArrowException, OSError) as err:
@@ -84,6 +88,7 @@ class ShardedSplit:
                                  "the corpus or rebuild it")
             for batch in batches:
                 block = _block(batch, path)
+                block.shard = len(self._maps) - 1
                 longest = int(np.diff(block.lists["input_ids"][0]).max(initial=0))
                 if longest > self.corpus.seq_len:  # the model's positions are sized from the manifest's
                     raise ValueError(f"{path} holds an instance of {longest} tokens, more than manifest.json's seq_len "
@@ -100,6 +105,7 @@ class ShardedSplit:
         b = int(np.searchsorted(self._starts, index, side="right")) - 1
         block = self._blocks[b]
         row = index - int(self._starts[b])
+        self._check_unchanged({block.shard})
         out: dict[str, Any] = {}
         for name, (offsets, values) in block.lists.items():
             out[name] = values[offsets[row]:offsets[row + 1]]
@@ -110,6 +116,7 @@ class ShardedSplit:
         """`[self.sample(i) for i in indices]`, with the block lookup done once for all of them."""
         blocks = (np.searchsorted(self._starts, indices, side="right") - 1).tolist()
         rows = (np.asarray(indices) - self._starts[blocks]).tolist()
+        self._check_unchanged({self._blocks[b].shard for b in set(blocks)})
         out = []
         for b, row in zip(blocks, rows):
             block = self._blocks[b]
@@ -119,9 +126,23 @@ class ShardedSplit:
             out.append(s)
         return out
 
+    def _check_unchanged(self, shards: set[int]) -> None:
+        """Refuse to read a mapped shard that has been cut shorter since it was opened (a corpus job writing
+        into this corpus, a copy that failed): reading past its new end is a SIGBUS, which kills the
+        process with no word of which file. Checked before the mapped memory is read; the file we mapped
+        (fstat), so a shard replaced by a rename, which the mapping does not see, is no error."""
+        for shard in shards:
+            mm = self._maps[shard]
+            now = os.fstat(mm.fileno()).st_size
+            if now < mm.size():
+                raise ValueError(f"corpus shard {self._paths[shard]} was cut from {mm.size():,} to {now:,} bytes while "
+                                 "this run read it (another job writing into the corpus?); restore the corpus, then "
+                                 "continue with --resume")
+
 
     def masked_token_counts(self) -> np.ndarray:
         """How often each vocabulary id is a masked-LM target in this split (the corpus's static masks)."""
+        self._check_unchanged(set(range(len(self._maps))))
         counts = np.zeros(int(self.manifest["vocab_size"]), dtype=np.int64)
         for block in self._blocks:
             offsets, values = block.lists["masked_lm_ids"]

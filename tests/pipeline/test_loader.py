@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ from pipeline.collate import PCG_INC
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
 from pipeline.loader_order import EpochPermutation
 from pipeline.masking import MaskingVocab, derive_seed, mask_tokens
+from repo_paths import REPO
 
 VOCAB_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(45)] + ["##s", "##ing"]
 SCHEMA = pa.schema([
@@ -263,3 +266,18 @@ def test_bad_corpora_are_refused_with_a_fix(tmp_path, corpus):
     small = write_corpus(tmp_path / "small", {"train": [5]})
     with pytest.raises(ValueError, match="fewer than one global batch"):
         PretrainLoader(ShardedSplit(small), seed=0, micro_batch_size=4, global_batch_size=8)
+
+
+@pytest.mark.parametrize("read", ["samples", "sample", "masked_token_counts"])
+def test_a_shard_cut_short_while_a_run_reads_it_is_named_not_a_bus_error(tmp_path, read):
+    # Reading a mapped shard past its new end is a SIGBUS: the process died with "Bus error", no file named.
+    # In a child process, so that a regression fails this test and not the whole session.
+    root = write_corpus(tmp_path / "c", {"train": [3000]})
+    shard = root / "train-00000-of-00001.arrow"
+    calls = {"samples": "split.samples(np.arange(len(split)))", "sample": "split.sample(len(split) - 1)",
+             "masked_token_counts": "split.masked_token_counts()"}
+    script = (f"import os, numpy as np\nfrom pipeline.loader import ShardedSplit\nsplit = ShardedSplit({str(root)!r})\n"
+              f"os.truncate({str(shard)!r}, 4096)\ntry:\n    {calls[read]}\nexcept ValueError as err:\n    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert f"corpus shard {shard} was cut from " in done.stdout and " to 4,096 bytes while this run read it" in done.stdout
