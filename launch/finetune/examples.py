@@ -205,7 +205,20 @@ def nul_byte(path: Path, line: int) -> DataError:
 
 
 def not_utf8(path: Path, err: UnicodeDecodeError, after_line: int) -> DataError:
-    # Text is decoded in blocks, so the bad byte lies somewhere after the last line read, not on it.
+    # Text is decoded in blocks, so the bad byte lies somewhere after the last line read: found again in the
+    # bytes, line by line (b"\n" is never inside a UTF-8 character).
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            for line_no, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    return DataError(f"{path}: not UTF-8 text (line {line_no}, byte {offset + bad.start}: "
+                                     f"{bad.reason}); save it as UTF-8")
+                offset += len(line)
+    except OSError:
+        pass
     return DataError(f"{path}: not UTF-8 text ({err.reason}, after line {after_line}); save it as UTF-8")
 
 

@@ -300,10 +300,11 @@ def test_user_jsonl_null_and_list_values_are_malformed_not_text(tmp_path):
 
 def test_files_that_are_not_utf8_are_named(tmp_path):
     (tmp_path / "train.txt").write_bytes(b"EU NNP B-NP B-ORG\nCaf\xe9 NNP B-NP B-LOC\n")
-    with pytest.raises(DataError, match=r"train.txt: not UTF-8 text .*save it as UTF-8"):
+    with pytest.raises(DataError, match=r"train.txt: not UTF-8 text \(line 2, byte 21: .*\); save it as UTF-8"):
         conll.read_conll(tmp_path / "train.txt")
-    (tmp_path / "train.tsv").write_bytes(b"text\tlabel\ncaf\xe9\t1\n")
-    with pytest.raises(DataError, match=r"train.tsv: not UTF-8 text"):
+    # The line of the bad byte, not the last one read before the decoder's block (8 KiB) that held it.
+    (tmp_path / "train.tsv").write_bytes(b"text\tlabel\n" + b"fine\t1\n" * 3000 + b"caf\xe9\t1\n")
+    with pytest.raises(DataError, match=r"train.tsv: not UTF-8 text \(line 3002, byte 21014: "):
         userdata.read_text_split(tmp_path / "train.tsv", userdata.Columns(), labelled=True, regression=False,
                                  skips=SkipCounter())
     # NUL is valid UTF-8 but no text holds it: UTF-16 without its byte-order mark reads as text with a NUL
