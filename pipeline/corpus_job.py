@@ -246,7 +246,7 @@ def _vocab_ids(vocab_text: str, source: str, lowercase: bool) -> tuple[MaskingVo
         log.warning("vocab %s lists %d token(s) more than once; each keeps the id of its last line", source,
                     len(tokens) - len(set(tokens)))
     try:
-        build_tokenizer(tokens, lowercase)  # what `TokenizeDocuments` builds on every worker
+        build_tokenizer(tokens, lowercase, specials_in_text=False)  # what `TokenizeDocuments` builds on every worker
         masking_vocab = MaskingVocab.from_tokens(tokens)
     except ValueError as err:
         raise ValueError(f"vocab {source}: {err}") from err

@@ -149,7 +149,7 @@ class _TokenizeFn(beam.DoFn):
         self.unk_count = Metrics.counter("corpus", "unk_tokens")
 
     def setup(self) -> None:
-        self.tokenizer = build_tokenizer(self.vocab_text, self.lowercase)
+        self.tokenizer = build_tokenizer(self.vocab_text, self.lowercase, specials_in_text=False)
         self.unk_id = self.tokenizer.token_to_id("[UNK]")
         self.id_dtype = id_dtype(max(self.tokenizer.get_vocab(with_added_tokens=True).values()))
         self.progress = ProgressWriter(self.progress_dir, "tokenize")

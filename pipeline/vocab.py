@@ -44,9 +44,14 @@ def vocab_is_cased(tokens: Sequence[str]) -> bool:
     return upper > CASED_SHARE * max(1, len(plain))
 
 
-def build_tokenizer(vocab: str | Sequence[str], lowercase: bool):
+def build_tokenizer(vocab: str | Sequence[str], lowercase: bool, *, specials_in_text: bool = True):
     """A fast BERT WordPiece tokenizer (HF `tokenizers`) from vocab text or tokens; no padding or
-    truncation. Accents are stripped exactly for uncased vocabularies, as BERT does."""
+    truncation. Accents are stripped exactly for uncased vocabularies, as BERT does.
+
+    `specials_in_text`: `[MASK]`, `[SEP]`, ... written in the text are those tokens, as transformers'
+    tokenizers read them (what fine-tuning against them needs). False: plain text (`[`, `mask`, `]`), as
+    google-research/bert's tokenizer reads it, which a pre-training corpus needs: a book's literal "[MASK]"
+    must not become a mask with no label, nor "[SEP]" a segment boundary."""
     from tokenizers import BertWordPieceTokenizer
 
     tokens = read_vocab_tokens(vocab) if isinstance(vocab, str) else list(vocab)
@@ -62,6 +67,7 @@ def build_tokenizer(vocab: str | Sequence[str], lowercase: bool):
     )
     tok.no_padding()
     tok.no_truncation()
+    tok._tokenizer.encode_special_tokens = not specials_in_text  # the wrapper does not expose it
     return tok
 
 

@@ -149,7 +149,7 @@ def test_true_next_pairs_are_contiguous_runs_of_their_document(books_corpus, dat
     from pipeline.tokenize import build_tokenizer, split_sentences
 
     out, m = books_corpus
-    tok = build_tokenizer((out / "vocab.txt").read_text(encoding="utf-8"), lowercase=True)
+    tok = build_tokenizer((out / "vocab.txt").read_text(encoding="utf-8"), lowercase=True, specials_in_text=False)
     doc_bytes = {}
     for path in sorted((data_dir / "books").glob("*.txt")):
         with open(path, "rb") as f:
