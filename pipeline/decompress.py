@@ -70,14 +70,19 @@ def _after_member(raw: BinaryIO, data: bytes, magic: bytes) -> bytes:
     anything else there is not the file's text: raised as `TrailingBytes`, after the text of the members
     whose checksums passed."""
     while True:
-        data = data or raw.read(CHUNK)
-        stripped = data.lstrip(b"\0")
-        if not data or stripped:
+        data = data.lstrip(b"\0")
+        # A read can end inside the next member's magic bytes (b"\x1f" of gzip's b"\x1f\x8b", b"BZ" of
+        # bz2's b"BZh"): judged alone they are not a member, and a valid file lost all its text after
+        # that read. So a start of the magic is read on until it is whole, or the file ends.
+        if len(data) >= len(magic) or (data and not magic.startswith(data)):
             break
-        data = b""
-    if not data or stripped.startswith(magic):
-        return stripped
-    raise TrailingBytes(f"bytes after the last complete compressed member are not another member ({stripped[:8]!r}...); "
+        more = raw.read(CHUNK)
+        if not more:
+            break  # the end of the file: nothing, or a fragment that only looks like a member's start
+        data += more
+    if not data or data.startswith(magic):
+        return data
+    raise TrailingBytes(f"bytes after the last complete compressed member are not another member ({data[:8]!r}...); "
                         "ignored, the text before them is complete")
 
 
