@@ -29,10 +29,16 @@ from pipeline.tokenize import split_sentences
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
+# WordPiece's longest word (`max_input_chars_per_word`, BERT's and tokenizers' 100): a longer one is
+# one [UNK] when the corpus is tokenized, whatever the vocabulary.
+MAX_WORD_CHARS = 100
+
+
 class _WordsFn(beam.DoFn):
     def __init__(self, lowercase: bool):
         self.lowercase = lowercase
         self.tok = None
+        self.too_long = Metrics.counter("corpus", "vocab_words_too_long")
 
     def setup(self) -> None:
         from tokenizers import BertWordPieceTokenizer
@@ -44,6 +50,11 @@ class _WordsFn(beam.DoFn):
         for sentence in split_sentences(doc):
             normalized = self.tok.normalizer.normalize_str(sentence)
             for word, _ in self.tok.pre_tokenizer.pre_tokenize_str(normalized):
+                if len(word) > MAX_WORD_CHARS:
+                    # Not for the trainer: its time grows with the square of a word's length (a DNA string or
+                    # hex dump seen twice, 400k characters, took minutes), and it can only become [UNK].
+                    self.too_long.inc()
+                    continue
                 counts[word] = counts.get(word, 0) + 1
         yield from counts.items()
 

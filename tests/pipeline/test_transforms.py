@@ -64,6 +64,18 @@ def test_tokenize_documents(data_dir):
                     equal_to([("empty", "empty_document")]), label="Empty")
 
 
+def test_special_tokens_written_in_the_text_are_text_in_the_corpus(data_dir):
+    # They were matched as the tokens: a book's "[MASK]" became a mask with no label, "[SEP]" a boundary.
+    vocab_text = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text(encoding="utf-8")
+    text = "The model sees [MASK] here, then [SEP] and [CLS] and [PAD] and [UNK] in the text."
+    words = "the model sees [ mask ] here , then [ sep ] and [ cl ##s ] and [ pad ] and [ un ##k ] in the text ."
+    tok = build_tokenizer(vocab_text, lowercase=True)
+    with pipeline() as p:
+        out = p | beam.Create([RawDocument("a", [text])]) | TokenizeDocuments(vocab_text, lowercase=True)
+        assert_that(out.documents | beam.Map(lambda d: [tok.id_to_token(i) for s in d.sentences for i in s.tolist()]),
+                    equal_to([words.split()]))
+
+
 def _synthetic_docs(n_docs: int) -> list[TokenizedDocument]:
     rng = np.random.default_rng(0)
     return [
@@ -211,6 +223,21 @@ def test_count_words(tmp_path):
         _ = counts | beam.Map(json.dumps) | beam.io.WriteToText(str(tmp_path / "word_counts"), file_name_suffix=".jsonl")
     written = sorted(str(f) for f in tmp_path.glob("word_counts*.jsonl"))
     assert sorted(read_count_files(written)) == sorted([("the", 3), ("cat", 3), (".", 2)])
+
+
+def test_words_longer_than_wordpiece_reads_are_counted_not_given_to_the_trainer():
+    # Such a word is one [UNK] when the corpus is tokenized, and the trainer's time grew with the square
+    # of its length (a 400k-character DNA string seen twice: minutes).
+    from pipeline.corpus_job import _counters
+
+    dna = "acgt" * 40
+    docs = [RawDocument("a", [f"The {dna} cat. The {dna} cat and {'x' * 100} twice, {'x' * 100}."])]
+    p = pipeline()
+    counts = p | beam.Create(docs) | CountWords(lowercase=True, min_frequency=2)
+    assert_that(counts, equal_to([("the", 2), ("cat", 2), (".", 2), ("x" * 100, 2)]))
+    result = p.run()
+    result.wait_until_finish()
+    assert _counters(result)["vocab_words_too_long"] == 2
 
 
 def test_duplicate_doc_ids_do_not_make_output_depend_on_arrival_order(data_dir):
