@@ -284,8 +284,24 @@ def _wiki_page(page_xml: bytes, name: str, source: str, stats: ReadStats) -> Ite
             yield Skip(source, doc_id, "empty_document")
 
 
-_GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
-_GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+_GUTENBERG_MARKER = re.compile(r"^\*\*\*\s*(START|END) OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
+
+
+def _gutenberg_bodies(text: str) -> str:
+    """Each book's body: the text between every START marker and the END after it, joined by a blank line.
+    Several books concatenated into one file kept the first only, the rest dropped with its licence. Text
+    before the first marker is a header when that marker is a START, and the book when it is an END (a file
+    with its footer only); text after an END up to the next START (a licence, then a header) is dropped."""
+    markers = list(_GUTENBERG_MARKER.finditer(text))
+    body_from = None if markers and markers[0].group(1).lower() == "start" else 0
+    bodies = []
+    for marker in markers:
+        if body_from is not None:  # a START with no END before the next START: its body is kept, not lost
+            bodies.append(text[body_from : marker.start()])
+        body_from = marker.end() if marker.group(1).lower() == "start" else None
+    if body_from is not None:  # a last START with no END after it (or no marker at all): the rest is book
+        bodies.append(text[body_from:])
+    return "\n\n".join(bodies)  # a blank line: the last paragraph of one book never joins the next's first
 
 
 def _book(stream, name, source, max_bytes, stats) -> Iterator[Record]:
@@ -307,13 +323,9 @@ def _book(stream, name, source, max_bytes, stats) -> Iterator[Record]:
         for _ in stream:  # drain without holding
             pass
         return
-    text = _decode(b"".join(parts), stats).replace("\r\n", "\n")
-    start, end = _GUTENBERG_START.search(text), _GUTENBERG_END.search(text)
-    if start:
-        text = text[start.end() :]
-        end = _GUTENBERG_END.search(text)
-    if end:
-        text = text[: end.start()]
+    # A lone \r (classic Mac) ends a line too: the ^...$ markers and the blank lines between paragraphs need \n,
+    # and without it the header and licence stayed and the whole book became one paragraph.
+    text = _gutenberg_bodies(re.sub(r"\r\n?", "\n", _decode(b"".join(parts), stats)))
     paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
     paragraphs = [p for p in paragraphs if p]
     if cut is not None and not isinstance(cut, TrailingBytes):
