@@ -28,7 +28,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.atomic_write import write_text_atomic
-from pipeline.corpus_output import (TMP, clear_previous_output, delete_tree, is_remote, mark_users_vocab, outside,
+from pipeline.corpus_output import (TMP, WriteDeadLetters, clear_previous_output, delete_tree, is_remote, mark_users_vocab, outside,
                                     refuse_inputs_in_out, same_file)
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
@@ -321,10 +321,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         (
             (read[DEAD_LETTER], tokenized[DEAD_LETTER])
             | "DeadLetters" >> beam.Flatten()
-            | "DeadLetterJson" >> beam.Map(lambda s: json.dumps(dataclasses.asdict(s), ensure_ascii=False))
-            | "WriteDeadLetters" >> beam.io.WriteToText(
-                FileSystems.join(out, "dead_letter", "dead_letter"), file_name_suffix=".jsonl"
-            )
+            | "WriteDeadLetters" >> WriteDeadLetters(out)
         )
     counters = {**_counters(p.result), **extra_counters}
 

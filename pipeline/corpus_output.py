@@ -9,6 +9,7 @@ run's word counts and shard list in the temp folder) to be read as part of the n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -16,6 +17,7 @@ import os
 import re
 import shutil
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.manifest import FORMAT
@@ -213,3 +215,27 @@ def outside(files: list[str], out: str) -> list[str]:
         log.info("not reading %d file(s) inside --out %s (the corpus's own): %s", len(left), out,
                  ", ".join(left[:3]) + (" ..." if len(left) > 3 else ""))
     return kept
+
+
+class WriteDeadLetters(beam.PTransform):
+    """`Skip`s -> `OUT/dead_letter/dead_letter-00000-of-00001.jsonl`, one JSON object per line, sorted.
+
+    The same bytes for the same input on any runner and number of workers: Beam's `WriteToText` split the
+    records among files, and ordered them, by its bundles. All of them pass through one worker (a side
+    input): a corpus's skipped records are a small share of its input."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        self.path = FileSystems.join(out, DEAD_LETTER, "dead_letter-00000-of-00001.jsonl")
+
+    def expand(self, skips):
+        lines = skips | "Json" >> beam.Map(lambda s: json.dumps(dataclasses.asdict(s), ensure_ascii=False))
+        return (skips.pipeline | "Once" >> beam.Create([None])
+                | "Write" >> beam.Map(_write_sorted_lines, self.path, beam.pvalue.AsList(lines)))
+
+
+def _write_sorted_lines(_, path: str, lines: list[str]) -> str:
+    with FileSystems.create(path) as f:
+        for line in sorted(lines):
+            f.write(line.encode("utf-8") + b"\n")
+    return path

@@ -14,7 +14,8 @@ from pipeline.instance_batch import InstanceBatch
 from pipeline.instances import Instance, InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
-from pipeline.readers import RawDocument
+from pipeline.readers import RawDocument, Skip
+from pipeline.corpus_output import WriteDeadLetters
 from pipeline.shards import WriteShards, shard_name
 from pipeline.inspect_corpus import read_shard
 from pipeline.sources import DEAD_LETTER, ReadDocuments
@@ -74,6 +75,20 @@ def test_special_tokens_written_in_the_text_are_text_in_the_corpus(data_dir):
         out = p | beam.Create([RawDocument("a", [text])]) | TokenizeDocuments(vocab_text, lowercase=True)
         assert_that(out.documents | beam.Map(lambda d: [tok.id_to_token(i) for s in d.sentences for i in s.tolist()]),
                     equal_to([words.split()]))
+
+
+def test_dead_letters_are_the_same_bytes_whatever_the_order_they_arrive_in(tmp_path):
+    # Beam's WriteToText split them among files, and ordered them, by bundle: two runs with 2 workers
+    # wrote different bytes.
+    skips = [Skip(f"f{i % 3}.jsonl", f"f{i % 3}.jsonl:{i}", "malformed_json", f"line {i}") for i in range(40)]
+    written = []
+    for run, order in enumerate((skips, skips[::-1])):
+        with pipeline() as p:
+            _ = p | beam.Create(order, reshuffle=False) | WriteDeadLetters(str(tmp_path / str(run)))
+        written.append([f.read_bytes() for f in sorted((tmp_path / str(run) / "dead_letter").iterdir())])
+    assert written[0] == written[1] and len(written[0]) == 1
+    assert [json.loads(line)["record_id"] for line in written[0][0].decode().splitlines()] == sorted(
+        s.record_id for s in skips)
 
 
 def _synthetic_docs(n_docs: int) -> list[TokenizedDocument]:
