@@ -61,6 +61,12 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     for path in files:
         if "://" not in path and not os.access(path, os.R_OK):
             raise ValueError(f"input file {path} is not readable (check its permissions)")
+        try:
+            path.encode("utf-8")  # the job passes file names to its workers as UTF-8 text
+        except UnicodeEncodeError:
+            shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+            raise ValueError(f"input file {shown} has a name that is not UTF-8 (Latin-1?); rename it, e.g. with "
+                             "`convmv -f latin1 -t utf8`") from None
     return sorted(files)
 
 

@@ -8,7 +8,7 @@ from pipeline.readers import RawDocument, ReadStats, Skip, read_file
 
 
 def read(data: bytes, fmt: str = "auto", source: str = "mem/f.txt", max_bytes: int = 16_000_000):
-    """As test_readers.read (copied, not imported: that module is edited on its own)."""
+    """One file's documents, skips and counts, as `test_readers.read` gives them."""
     stats = ReadStats()
     records = list(read_file(io.BytesIO(data), source, fmt, max_bytes, stats))
     return ([r for r in records if isinstance(r, RawDocument)], [r for r in records if isinstance(r, Skip)],

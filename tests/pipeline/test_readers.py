@@ -373,6 +373,15 @@ def test_expand_inputs_directory_recursive(tmp_path, data_dir):
         expand_inputs([str(tmp_path / "empty")])
 
 
+def test_a_file_name_that_is_not_utf8_is_named_with_a_fix(tmp_path):
+    # It stopped the whole job with "'utf-8' codec can't encode character '\\udce9' ...", naming no file.
+    os.mkdir(os.fsencode(tmp_path / "books"))
+    with open(os.fsencode(tmp_path / "books") + b"/caf\xe9.txt", "wb") as f:
+        f.write(PROSE.encode())
+    with pytest.raises(ValueError, match=r"input file .*books/caf\\xe9.txt has a name that is not UTF-8 .*rename it"):
+        expand_inputs([str(tmp_path / "books")])
+
+
 def test_a_checksum_list_in_a_folder_is_not_read_as_text(tmp_path):
     # `sha256sum * > sha256sums.txt` next to the books: its hex lines would become "sentences".
     (tmp_path / "a.txt").write_text(PROSE)
