@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 from typing import Iterable, Sequence
 
 import apache_beam as beam
@@ -144,13 +145,62 @@ def _walk(directory: str) -> list[str]:
 def _expand_local_glob(pattern: str) -> list[str]:
     """A local glob: its files, and the files under the directories it matches (Beam's `match`
     returns files only, so `raw/*` over `raw/gutenberg/` dropped the books without a word)."""
-    hits = sorted(glob.glob(pattern, recursive=True))
-    found = [f for hit in hits for f in (_walk(hit) if os.path.isdir(hit) else [hit] if os.path.isfile(hit) else [])
-             if not _ignored(f)]
+    if "**" in pattern.split(os.sep):
+        hits = _recursive_glob(pattern)
+        found = [f for f in hits if not _ignored(f)]
+    else:
+        hits = sorted(glob.glob(pattern))
+        found = [f for hit in hits for f in (_walk(hit) if os.path.isdir(hit) else [hit] if os.path.isfile(hit) else [])
+                 if not _ignored(f)]
     if not found:
         ignored = f" it does not ignore ({_IGNORED_NOTE})" if hits else ""
         raise ValueError(f"input {pattern} matches no file{ignored}; give existing files, directories or globs")
     return found
+
+
+def _recursive_glob(pattern: str) -> list[str]:
+    """The files of a `**` glob, and those under the folders it matches: what `_walk` finds below the
+    pattern's fixed head, kept where the pattern matches the file or a folder above it. Not
+    `glob.glob(recursive=True)`, which follows every symlink: two links back up the tree (`ln -s ..`,
+    `ln -s .`) made it walk about 2^depth paths, and the job hung before it started."""
+    parts = pattern.split(os.sep)
+    fixed = next(i for i, part in enumerate(parts) if part == "**" or any(c in part for c in "*?["))
+    head = os.sep.join(parts[:fixed]) or (os.sep if pattern.startswith(os.sep) else "")
+    tail, rule = parts[fixed:], ""
+    for k, part in enumerate(tail):
+        last = k == len(tail) - 1
+        if part == "**":  # any number of folders; last, anything below
+            rule += ".*" if last else "(?:[^/]+/)*"
+        else:
+            rule += _component_regex(part) + ("" if last else "/")
+    matches = re.compile(rule).fullmatch
+    found = []
+    for path in _walk(head or "."):
+        rel = os.path.relpath(path, head or ".").split(os.sep)
+        if any(matches("/".join(rel[:depth])) for depth in range(1, len(rel) + 1)):
+            found.append(os.path.join(head, *rel) if head else os.path.join(*rel))
+    return found
+
+
+def _component_regex(part: str) -> str:
+    """One path component of a glob (`*`, `?`, `[...]`, `[!...]`) as a regex that never crosses a `/`."""
+    out, i = [], 0
+    while i < len(part):
+        c = part[i]
+        close = part.find("]", i + 2) if c == "[" else -1
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif close > 0:
+            body = part[i + 1 : close]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = close
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
 
 
 def _unique_files(files: list[str]) -> list[str]:

@@ -11,12 +11,15 @@ import lzma
 import os
 import random
 import re
+import subprocess
+import sys
 
 import pytest
 
 from pipeline.readers import RawDocument, ReadStats, Skip, read_file, sniff_format
 from pipeline.sources import expand_inputs
 from pipeline.wikitext import wikitext_to_paragraphs
+from repo_paths import REPO
 
 MAX = 16_000_000
 
@@ -561,6 +564,19 @@ def test_a_glob_takes_the_files_under_the_directories_it_matches(tmp_path):
     assert expand_inputs([str(tmp_path / "**" / "*.txt")]) == [str(tmp_path / "raw" / "gutenberg" / "persuasion.txt")]
     with pytest.raises(ValueError, match="matches no file it does not ignore"):
         expand_inputs([str(tmp_path / "raw" / "g*" / "*.json")])
+
+
+def test_a_recursive_glob_over_symlinks_back_up_the_tree_ends(tmp_path):
+    # glob.glob(recursive=True) follows every link: with `parent -> ..` and `current -> .` it walked about
+    # 2^depth paths and the job hung before it started. In a child process, so that a regression fails.
+    (tmp_path / "d" / "books").mkdir(parents=True)
+    (tmp_path / "d" / "books" / "persuasion.txt").write_text(PROSE)
+    (tmp_path / "d" / "books" / "parent").symlink_to("..")
+    (tmp_path / "d" / "books" / "current").symlink_to(".")
+    script = (f"from pipeline.sources import expand_inputs\nprint(expand_inputs([{str(tmp_path / 'd' / '**' / '*.txt')!r}]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == repr([str(tmp_path / "d" / "books" / "persuasion.txt")])
 
 
 def test_prose_with_one_paragraph_per_line_is_not_taken_for_one_sentence_per_line(data_dir):
