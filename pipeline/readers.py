@@ -369,6 +369,9 @@ def _sentence_lines(stream, name, source, max_bytes, stats) -> Iterator[Record]:
 
 
 def _jsonl(stream, name, source, max_bytes, stats) -> Iterator[Record]:
+    # This file's ids. One given to many records (a source name in every one) made them one document id:
+    # all in one NSP bucket, which one worker holds, and all in the same split (none held out).
+    seen: set[str] = set()
     for line_no, line in enumerate(_lines(stream, max_bytes), start=1):
         fallback_id = f"{name}:{line_no}"
         if line is None:
@@ -386,6 +389,10 @@ def _jsonl(stream, name, source, max_bytes, stats) -> Iterator[Record]:
             continue
         doc_id = f"{name}:{obj['id']}" if isinstance(obj.get("id"), (str, int)) else fallback_id
         doc_id = _LONE_SURROGATE.sub("\ufffd", doc_id)
+        if doc_id in seen:
+            stats.inc("jsonl_ids_repeated")
+            doc_id = f"{doc_id}@{line_no}"
+        seen.add(doc_id)
         paragraphs = [" ".join(p.split()) for p in obj["text"].split("\n")]
         paragraphs = [p for p in paragraphs if p]
         if paragraphs:

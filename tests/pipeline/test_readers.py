@@ -335,6 +335,19 @@ def test_jsonl_and_sentence_lines():
     assert docs[0].presplit and docs[0].segments == ["First sentence here.", "Second one.", "Third one!"]
 
 
+def test_an_id_that_many_records_of_a_file_share_does_not_make_them_one_document_id():
+    # `"id": "enwiki"` in every record made 300 documents one id: one NSP bucket (one worker's memory) and one
+    # split, so no held-out set. The first keeps the id; the others add their line.
+    lines = [json.dumps({"id": "enwiki", "text": f"{PROSE} Record {i}."}) for i in range(300)]
+    docs, skips, counts = read("\n".join(lines).encode() + b"\n", fmt="jsonl")
+    ids = [d.doc_id for d in docs]
+    assert ids[:3] == ["f.txt:enwiki", "f.txt:enwiki@2", "f.txt:enwiki@3"] and len(set(ids)) == 300 and not skips
+    assert counts["jsonl_ids_repeated"] == 299
+    from pipeline.nsp import heldout_score
+
+    assert sum(heldout_score(1, i) < 0.05 for i in ids) > 0  # some of them can now be held out
+
+
 def test_a_json_array_is_a_counted_skip_that_says_to_write_json_lines():
     # Read as prose, its records became instances of "} , { " id " : 23 , " text " :" with an info line only.
     records = json.dumps([{"id": i, "text": PROSE} for i in range(3)], indent=1).encode()
