@@ -145,15 +145,15 @@ def _walk(directory: str) -> list[str]:
 def _expand_local_glob(pattern: str) -> list[str]:
     """A local glob: its files, and the files under the directories it matches (Beam's `match`
     returns files only, so `raw/*` over `raw/gutenberg/` dropped the books without a word)."""
-    if "**" in pattern.split(os.sep):
-        hits = _recursive_glob(pattern)
-        found = [f for f in hits if not _ignored(f)]
+    recursive = "**" in pattern.split(os.sep)
+    if recursive:  # the walk leaves out what the ignore list names: whether it matched some is not known
+        hits = found = _recursive_glob(pattern)
     else:
         hits = sorted(glob.glob(pattern))
         found = [f for hit in hits for f in (_walk(hit) if os.path.isdir(hit) else [hit] if os.path.isfile(hit) else [])
                  if not _ignored(f)]
     if not found:
-        ignored = f" it does not ignore ({_IGNORED_NOTE})" if hits else ""
+        ignored = f" it does not ignore ({_IGNORED_NOTE})" if hits or recursive else ""
         raise ValueError(f"input {pattern} matches no file{ignored}; give existing files, directories or globs")
     return found
 

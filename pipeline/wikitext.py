@@ -105,7 +105,7 @@ def _drop_unclosed_tags(text: str) -> str:
 
 # Unclosed spans the parser searches the rest of the page for, once each: `{{`, `[[`, `{|` (balanced ones are
 # gone by then) and external links. Its time grows with their square: 4,000 `{{` in a 24 KB page took 15 s.
-_PAIRS = ((re.compile(r"\{\{|\}\}"), "{{"), (re.compile(r"\[\[|\]\]"), "[["), (re.compile(r"\{\||\|\}"), "{|"))
+_PAIRS = ((_TEMPLATE_BRACES, "{{"), (re.compile(r"\[\[|\]\]"), "[["), (_TABLE_BRACES, "{|"))
 _EXTERNAL_LINK = re.compile(r"\[(?:[a-z][a-z0-9+.-]*:)?//", re.I)
 MAX_UNCLOSED = 200  # real articles have a handful at most; 200 costs the parser seconds at worst
 

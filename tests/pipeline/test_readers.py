@@ -592,6 +592,8 @@ def test_a_glob_takes_the_files_under_the_directories_it_matches(tmp_path):
     assert expand_inputs([str(tmp_path / "**" / "*.txt")]) == [str(tmp_path / "raw" / "gutenberg" / "persuasion.txt")]
     with pytest.raises(ValueError, match="matches no file it does not ignore"):
         expand_inputs([str(tmp_path / "raw" / "g*" / "*.json")])
+    with pytest.raises(ValueError, match="matches no file it does not ignore"):
+        expand_inputs([str(tmp_path / "**" / "*.json")])
 
 
 def test_a_recursive_glob_over_symlinks_back_up_the_tree_ends(tmp_path):
