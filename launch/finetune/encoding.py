@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from launch.finetune.examples import ChoiceExample, TaggedExample, TextExample
+from pipeline.instances import truncate_seq_pair
 
 logger = logging.getLogger(__name__)
 
@@ -31,44 +32,65 @@ class Feature:
     word_index: list[int] = field(default_factory=list)
 
 
+def cut_pairs(tokenizer, pairs: Sequence[tuple[str, str | None]], max_seq_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """[CLS] A [SEP] (B [SEP]) token and segment ids, cut to `max_seq_len` as google-research/bert's
+    run_classifier cuts: a single text keeps its first pieces; a pair loses pieces from the end of its
+    longer side, from B's when they are level (`_truncate_seq_pair`, whose counts
+    `pipeline.instances.truncate_seq_pair` computes). HF tokenizers' "longest_first" splits a tie with
+    an odd budget the other way (B keeps one piece more), so the cut is ours. Returns the features and
+    how many were cut.
+    """
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    pieces_a = tokenizer.encode_batch([a for a, _ in pairs], add_special_tokens=False)
+    pieces_b = iter(tokenizer.encode_batch([b for _, b in pairs if b is not None], add_special_tokens=False))
+    out, cut = [], 0
+    for (_, b), enc_a in zip(pairs, pieces_a):
+        ids_a = enc_a.ids
+        if b is None:
+            ids_b = None
+            cut_a, cut_b = max(0, len(ids_a) - (max_seq_len - 2)), 0
+        else:
+            ids_b = next(pieces_b).ids
+            cut_a, cut_b = truncate_seq_pair(len(ids_a), len(ids_b), max_seq_len - 3)
+        cut += bool(cut_a or cut_b)
+        ids = [cls_id, *ids_a[: len(ids_a) - cut_a], sep_id]
+        types = [0] * len(ids)
+        if ids_b is not None:
+            kept_b = [*ids_b[: len(ids_b) - cut_b], sep_id]
+            ids += kept_b
+            types += [1] * len(kept_b)
+        out.append((ids, types))
+    return out, cut
+
+
 def text_features(
     examples: Sequence[TextExample], tokenizer, *, max_seq_len: int, label_ids: dict[str, int] | None
 ) -> list[Feature]:
-    """[CLS] A [SEP] (B [SEP]); pairs are cut longest-first to `max_seq_len`, as in the BERT reference."""
-    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
-    try:
-        inputs = [(ex.text_a, ex.text_b) if ex.text_b is not None else ex.text_a for ex in examples]
-        encodings = tokenizer.encode_batch(inputs)
-    finally:
-        tokenizer.no_truncation()
-    cut = sum(1 for enc in encodings if enc.overflowing)
+    """[CLS] A [SEP] (B [SEP]); cut to `max_seq_len` as the BERT reference cuts (`cut_pairs`)."""
+    encoded, cut = cut_pairs(tokenizer, [(ex.text_a, ex.text_b) for ex in examples], max_seq_len)
     if cut:  # as the reference does, but said: a text past the limit is read only up to it
-        logger.info("%d of %d texts cut to --max-seq-len %d tokens", cut, len(encodings), max_seq_len)
+        logger.info("%d of %d texts cut to --max-seq-len %d tokens", cut, len(encoded), max_seq_len)
     out = []
-    for i, (ex, enc) in enumerate(zip(examples, encodings)):
+    for i, (ex, (ids, types)) in enumerate(zip(examples, encoded)):
         if ex.label is None:
             label = None
         elif label_ids is None:
             label = float(ex.label)
         else:
             label = label_ids[str(ex.label)]
-        out.append(Feature(enc.ids, enc.type_ids, label, i))
+        out.append(Feature(ids, types, label, i))
     return out
 
 
 def choice_features(examples: Sequence[ChoiceExample], tokenizer, *, max_seq_len: int) -> list[Feature]:
-    """One [CLS] context [SEP] start+ending [SEP] sequence per choice; `input_ids` holds C lists."""
-    tokenizer.enable_truncation(max_length=max_seq_len, strategy="longest_first")
-    try:
-        pairs = [(ex.context, f"{ex.start} {ending}".strip()) for ex in examples for ending in ex.endings]
-        encodings = tokenizer.encode_batch(pairs)
-    finally:
-        tokenizer.no_truncation()
+    """One [CLS] context [SEP] start+ending [SEP] sequence per choice, cut as `cut_pairs`; `input_ids` holds C lists."""
+    pairs = [(ex.context, f"{ex.start} {ending}".strip()) for ex in examples for ending in ex.endings]
+    encoded, _ = cut_pairs(tokenizer, pairs, max_seq_len)
     out, k = [], 0
     for i, ex in enumerate(examples):
-        encs = encodings[k : k + len(ex.endings)]
+        choices = encoded[k : k + len(ex.endings)]
         k += len(ex.endings)
-        out.append(Feature([e.ids for e in encs], [e.type_ids for e in encs], ex.label, i))
+        out.append(Feature([ids for ids, _ in choices], [types for _, types in choices], ex.label, i))
     return out
 
 

@@ -10,6 +10,7 @@ import pytest
 from launch.finetune import squad
 from launch.finetune.examples import ChoiceExample, DataError, QAExample, TaggedExample, TextExample, in_documents
 from launch.finetune.encoding import IGNORE, choice_features, collate, tag_features, text_features
+from launch.finetune.glue import GLUE_TASKS, read_split
 
 from repo_paths import DATA
 
@@ -29,6 +30,37 @@ def test_text_pair_truncation_and_collate(tokenizer, caplog):
     assert batch["labels"].tolist() == [1, 0]
     # tokenizer state is restored: later encodes are not truncated
     assert len(tokenizer.encode(long_a).ids) == 42
+
+
+def _reference_cut(tokens_a: list, tokens_b: list, max_length: int) -> None:
+    """google-research/bert run_classifier.py's _truncate_seq_pair, as written there."""
+    while True:
+        total_length = len(tokens_a) + len(tokens_b)
+        if total_length <= max_length:
+            break
+        if len(tokens_a) > len(tokens_b):
+            tokens_a.pop()
+        else:
+            tokens_b.pop()
+
+
+def test_pairs_are_cut_as_the_bert_reference_cuts_them(tokenizer):
+    # a tie with an odd budget: the reference cuts B first; HF tokenizers' longest_first cut A
+    (feat,) = text_features([TextExample("t", "a b c d e f g h i j", "k l m n o p q r s t", None)], tokenizer,
+                            max_seq_len=16, label_ids=None)
+    assert tokenizer.decode(feat.input_ids) == "a b c d e f g k l m n o p"
+    assert feat.token_type_ids == [0] * 9 + [1] * 7
+    # every real MRPC and STS-B dev pair at a length that cuts most of them
+    for task in ("mrpc", "stsb"):
+        examples = read_split(GLUE_TASKS[task], DATA / "glue", "dev")
+        feats = text_features(examples, tokenizer, max_seq_len=16, label_ids=None)
+        for ex, feat in zip(examples, feats):
+            a = tokenizer.encode(ex.text_a, add_special_tokens=False).ids
+            b = tokenizer.encode(ex.text_b, add_special_tokens=False).ids
+            _reference_cut(a, b, 16 - 3)
+            cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+            assert feat.input_ids == [cls, *a, sep, *b, sep], ex.guid
+            assert feat.token_type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1)
 
 
 def test_ner_labels_first_subtoken_and_chunks(tokenizer):
