@@ -2,10 +2,11 @@
 
 A run lists, when it starts, the files it found under its output names (`OUT_FILES` in runner.py) and
 kept, and when it ends, the files it wrote with their sha256 (`RECORD`). A rerun deletes what the earlier
-run wrote, as it wrote it, or, when that run never finished, everything but what it had kept; a file added
-since a finished run (notes in `predictions/`, say), or one of its files edited since, is the user's, kept
-and named in a warning (and refused where the rerun would write that very file). Without this, a rerun removed whole
-folders (`model/`, `predictions/`, `tensorboard/`) with whatever the user had put in them.
+run wrote, as it wrote it, or, when that run never finished, everything but what it had kept (without a
+record, nothing); a file added since a finished run (notes in `predictions/`, say), or one of its files
+edited since, is the user's, kept and named in a warning (and refused where the rerun would write that
+very file). Without this, a rerun removed whole folders (`model/`, `predictions/`, `tensorboard/`) with
+whatever the user had put in them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ def _read_record(out: Path) -> dict:
     return record if isinstance(record, dict) else {}
 
 
+def has_record(out: Path) -> bool:
+    """Whether `out` holds the record an earlier run started (proof, with the marker, that bertpipe wrote there)."""
+    return isinstance(_read_record(out).get("kept"), list)
+
+
 def _write_record(out: Path, record: dict) -> None:
     from pipeline.atomic_write import write_text_atomic
 
@@ -62,8 +68,10 @@ def clear_earlier_run(out: Path, names: Iterable[str], writes: Collection[str] =
         ours = {rel for rel in existing if rel in written and _sha256(out / rel) == written[rel]}
     elif isinstance(written, list):  # a finished run's record before it held hashes
         ours = set(existing) & set(written)
-    else:  # never finished (or no record: a run before records): all but what it kept
+    elif "kept" in record:  # never finished: all but what it kept
         ours = set(existing) - kept_then
+    else:  # no record: nothing proves which files a run wrote (a config.yaml is no proof: users write those too)
+        ours = set()
     clash = [rel for rel in existing if rel not in ours and (rel in writes or any(w.startswith(f"{rel}/") for w in writes))]
     if clash:
         raise FileExistsError(f"--out {out} holds {', '.join(clash[:3])}{' ...' if len(clash) > 3 else ''}, which "

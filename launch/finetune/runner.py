@@ -27,7 +27,7 @@ from launch.finetune.history import TrainingHistory
 from launch.finetune.examples import DataError
 from launch.finetune.encoding import IGNORE, LengthGroupedBatches, loss_weights, use_length_grouping
 from launch.finetune.kinds import Task, TaskData
-from launch.finetune.out_files import clear_earlier_run, record_written
+from launch.finetune.out_files import clear_earlier_run, has_record, record_written
 from launch.finetune.tasks import get_task
 from launch.pretrain.pretrain_config import ScheduleSection
 from launch.pretrain.schedule import build_scheduler, lr_multiplier
@@ -38,8 +38,9 @@ from pipeline.vocab import TOKENIZER_CONFIG, Vocab
 
 logger = logging.getLogger(__name__)
 
-# What a fine-tuning run writes into --out; where they exist, a marker (or, from before the marker,
-# the run's own config.yaml naming this --out) must prove an earlier `finetune` wrote them.
+# What a fine-tuning run writes into --out; where they exist, the marker (or the record of the files an
+# earlier run wrote, out_files.RECORD) must prove an earlier `finetune` wrote them: a config.yaml that
+# names this --out does not (users keep their own configs there).
 OUT_MARKER = ".bertpipe-finetune"
 OUT_FILES = ("config.yaml", "metrics.json", "predictions", "submission", "confusion_matrix.txt",
              "confusion_matrix.png", "confusion_matrix_mismatched.txt", "confusion_matrix_mismatched.png",
@@ -125,7 +126,7 @@ class Finetuner:
 
     def prepare(self) -> None:
         cfg = self.cfg
-        refuse_others_files(self.out, OUT_FILES, OUT_MARKER, "finetune", ours=_saved_out(self.out) == str(cfg.out))
+        refuse_others_files(self.out, OUT_FILES, OUT_MARKER, "finetune", ours=has_record(self.out))
         data_dir = Path(cfg.data_dir)
         if not data_dir.is_dir():
             raise DataError(f"--data-dir {data_dir} is not a directory")
@@ -433,13 +434,3 @@ def finetune(cfg: FinetuneConfig, **kwargs: Any) -> dict[str, Any]:
     """Run one fine-tuning job; returns what it wrote to OUT/metrics.json."""
     return finetuner_for(cfg, **kwargs).run()
 
-
-def _saved_out(out: Path) -> str | None:
-    """The --out recorded in OUT/config.yaml by an earlier run (None: no such file, or not ours)."""
-    import yaml
-
-    try:
-        saved = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    return saved.get("out") if isinstance(saved, dict) and "task" in saved else None

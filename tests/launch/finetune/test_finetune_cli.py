@@ -284,7 +284,7 @@ def test_bad_data_and_settings_are_cli_errors(tiny_checkpoint, tmp_path, capsys)
 
 def test_out_never_writes_over_what_bertpipe_did_not_write(tiny_checkpoint, tmp_path, capsys):
     """A folder holding the user's own metrics.json (a name a run writes) is refused as it is; an earlier
-    run's output (its marker, or before the marker its config.yaml naming this --out) is rewritten."""
+    run's output (its marker, or the record of what it wrote) is rewritten."""
     mine = tmp_path / "results"
     mine.mkdir()
     (mine / "metrics.json").write_text('{"my": "numbers"}')
@@ -301,8 +301,21 @@ def test_out_never_writes_over_what_bertpipe_did_not_write(tiny_checkpoint, tmp_
     out = tmp_path / "sst2"
     finetune("sst2", GLUE, tiny_checkpoint, out)
     finetune("sst2", GLUE, tiny_checkpoint, out)  # its own output: rewritten
-    (out / ".bertpipe-finetune").unlink()  # as written before the marker existed
+    (out / ".bertpipe-finetune").unlink()  # the record of what it wrote still proves it
     finetune("sst2", GLUE, tiny_checkpoint, out)
+
+    # The user's own config, kept in the folder it names as --out, proves nothing: it used to count as an
+    # earlier run's, and the run then deleted the user's files under predictions/ and model/.
+    own = tmp_path / "own"
+    (own / "predictions").mkdir(parents=True)
+    (own / "model").mkdir()
+    (own / "predictions" / "mine.tsv").write_text("my predictions")
+    (own / "model" / "README.md").write_text("my model card")
+    (own / "config.yaml").write_text(f"task: sst2\ndata_dir: {GLUE}\ncheckpoint: {tiny_checkpoint}\nout: {own}\n")
+    err = _error(["finetune", "--config", str(own / "config.yaml"), *QUICK], capsys)
+    assert "holds config.yaml, model, predictions, which `bertpipe finetune` did not write" in err
+    assert (own / "predictions" / "mine.tsv").read_text() == "my predictions"
+    assert (own / "model" / "README.md").read_text() == "my model card"
 
 
 def test_a_fine_tuned_head_keeps_the_meaning_of_its_labels(tiny_checkpoint, tmp_path, capsys):
