@@ -54,6 +54,7 @@ GRIDS: dict[str, dict[str, list[Any]]] = {
 CRASH_ENV = "BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT"
 EXPERIMENT = "tune"  # Tune's own logs and state: OUT/tune/<trial>/
 CONFIG_FILE = "sweep_config.json"
+_SETTINGS_KEYS = {"tasks", "grid", "seeds", "base"}  # what CONFIG_FILE holds: proof that a sweep wrote it
 SWEEP_FILES = (CONFIG_FILE, EXPERIMENT, "trials", "fault_injection", "results.json", "results.md", "sweep.png")
 NO_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
 REFUSED = "bertpipe_refused"  # a trial's report when its input was refused: the one-line reason
@@ -201,8 +202,13 @@ def _trainable(config: dict[str, Any]) -> None:
 
 def holds_sweep(out: str | Path) -> bool:
     """Whether `out` already holds a (finished or interrupted) sweep, which only `resume=True` continues.
-    Our settings file is the proof (written before Ray starts): a folder named `tune` is anyone's."""
-    return (Path(out) / CONFIG_FILE).is_file()
+    Our settings file is the proof (written before Ray starts): a folder named `tune` is anyone's, and so
+    is a `sweep_config.json` that does not hold the settings a sweep writes."""
+    try:
+        saved = json.loads((Path(out) / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and _SETTINGS_KEYS <= saved.keys() and isinstance(saved["base"], dict)
 
 
 def base_settings(task: str, checkpoint: str | Path, data_dir: str | Path, overrides: dict[str, Any] | None,
@@ -287,6 +293,9 @@ def run_sweep(
         check_layers_fit(base["checkpoint"], [c.layers for c in configs if c.feature_based])
     if holds_sweep(out) and not resume:
         raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
+    if (out / CONFIG_FILE).exists() and not holds_sweep(out):  # else the marker check below would take it as ours
+        raise ValueError(f"--out {out} holds {CONFIG_FILE}, which is not the settings `bertpipe sweep` writes "
+                         "and would be overwritten; move it out of --out, or choose a new or empty --out")
     refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=holds_sweep(out))
 
     inputs = inputs_fingerprint(base["checkpoint"], base["data_dir"], exclude=[out, base.get("feature_cache") or out])

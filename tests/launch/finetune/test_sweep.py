@@ -274,6 +274,13 @@ def test_a_folder_with_the_users_results_md_is_refused_before_ray_starts(tiny_ch
         with pytest.raises(ValueError, match="which `bertpipe sweep` did not write"):
             run_sweep(["sst2"], tiny_checkpoint, GLUE, mine, grid="quick", overrides=TRIAL, resume=resume)
     assert (mine / "results.md").read_text() == "# my draft\n"
+    # nor is a sweep_config.json of the user's own (it counted as a sweep, and --resume overwrote it)
+    (mine / "sweep_config.json").write_text('{"my": "own sweep settings"}')
+    for resume in (False, True):
+        with pytest.raises(ValueError, match="holds sweep_config.json, which is not the settings `bertpipe sweep` writes"):
+            run_sweep(["sst2"], tiny_checkpoint, GLUE, mine, grid="quick", overrides=TRIAL, resume=resume)
+    assert (mine / "sweep_config.json").read_text() == '{"my": "own sweep settings"}'
+    assert (mine / "results.md").read_text() == "# my draft\n"
 
 
 def test_a_trial_is_named_by_what_it_runs_so_more_seeds_or_tasks_keep_the_finished_names(tiny_checkpoint, tmp_path):
