@@ -28,6 +28,14 @@ def test_presets_load_strictly_and_generate_deepspeed_json(preset):
     json.dumps(ds)
 
 
+def test_bert_base_runs_phase_one_s_recipe_at_its_batch():
+    # NVIDIA's train_batch_size=8192 is per GPU (x 8 GPUs = 65536): bert-base read it as the global batch and ran
+    # the lr and warm-up tuned for 65536 at an eighth of it.
+    base, p1 = load_config(PretrainConfig, "bert-base"), load_config(PretrainConfig, "bert-large-phase1")
+    assert base.data.global_batch_size == p1.data.global_batch_size == 65536
+    assert (base.optim.name, base.optim.lr, base.schedule) == (p1.optim.name, p1.optim.lr, p1.schedule)
+
+
 def test_phase2_is_seq512_ready_and_fresh():
     p1, p2 = load_config(PretrainConfig, "bert-large-phase1"), load_config(PretrainConfig, "bert-large-phase2")
     assert p1.model.preset == p2.model.preset == "large"
