@@ -39,8 +39,8 @@ class Lamb(torch.optim.Optimizer):
     """LAMB with decoupled weight decay, bias correction, and ZeRO-aware trust ratios.
 
     Group options: lr, betas, eps, weight_decay, `layer_adaptation` (False: trust ratio 1, used for
-    biases and LayerNorm as in google-research/bert), `max_trust_ratio` (clamp; 10 by default as in
-    DeepSpeed's FusedLamb `max_coeff`, None for unbounded).
+    biases and LayerNorm, as NVIDIA's LAMB adapts only where weight decay applies), `max_trust_ratio`
+    (clamp; 10 by default as in DeepSpeed's FusedLamb `max_coeff`, None for unbounded).
     """
 
     def __init__(

@@ -64,7 +64,7 @@ class DataSection:
 class OptimSection:
     """name: lamb (ours, correct under ZeRO 1-3) or adamw (torch).
     weight_decay applies to weights, not to biases and LayerNorm parameters; for LAMB those also
-    skip layer adaptation (trust ratio 1), as in google-research/bert's optimizer.
+    skip layer adaptation (trust ratio 1), as in NVIDIA's LAMB (google-research/bert's Adam has none).
     max_grad_norm: global gradient clipping (0 = off), done by DeepSpeed before the step.
     """
 
