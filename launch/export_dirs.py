@@ -4,8 +4,9 @@
 `sweep`, `pretrain`'s `checkpoint.init_from`): an HF directory is used as it is (one that bertpipe exported
 only while its files are as written: `export_damage`), a RUN directory (`launch.checkpoint_dirs`) as the
 export of its newest verified checkpoint, made once and cached in `RUN/export/<tag>/` (DeepSpeed is imported
-only then). `export_run` is `bertpipe export`: built beside `--out`, then placed whole, with a marker
-(`bertpipe_export.json`) that names the run, the checkpoint and every file's size and sha256.
+only then). `export_run` is `bertpipe export`: built beside `--out`, then renamed into place whole (into a
+folder that exists, moved in file by file, the folder left as it is), with a marker (`bertpipe_export.json`),
+placed last, that names the run, the checkpoint and every file's size and sha256.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
             try:
                 with _export_lock(out):  # sweep trials resolve the same run at once: one exports, the others wait
                     if not _is_cached_export(out, path, tag):
+                        if os.path.lexists(out) and not out.is_dir():
+                            raise ValueError(f"{out} is not a directory (nor an export of {path}); move it aside "
+                                             f"and rerun")
                         if out.is_dir() and any(out.iterdir()) and not is_export_of(out, path):
                             raise ValueError(f"{out} holds files that are not an export of {path} (no readable "
                                              f"{EXPORT_MARKER}); move it aside and rerun")
@@ -187,6 +191,9 @@ def check_export_target(run_dir: Path, out: Path, overwrite: bool) -> None:
                          f"exports there")
     if target == cwd or target in cwd.parents:
         raise ValueError(f"--out {out} is the working directory or one of its parents; name a new directory")
+    if out.is_symlink() and not out.exists():  # renamed over, the link would be replaced; written through, fails
+        raise ValueError(f"--out {out} is a link to {os.readlink(out)}, which does not exist; create that directory "
+                         f"or name another --out")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; name a directory")
     if out.is_dir() and any(out.iterdir()) and not is_export_of(out, run_dir) and not overwrite:
@@ -272,10 +279,13 @@ def _remove_stopped_exports(out: Path) -> None:
 
 def _as_umask_allows(folder: Path) -> None:
     """The permissions a plain `mkdir` / `open` would have given: `mkdtemp` makes the folder 0700 and
-    safetensors its file 0600, which would keep an export from the other users of a shared machine."""
+    safetensors its file 0600, which would keep an export from the other users of a shared machine (a
+    setgid bit the folder took from its parent stays, as it would on a folder `mkdir` made)."""
+    import stat
+
     umask = os.umask(0)
     os.umask(umask)
-    folder.chmod(0o777 & ~umask)
+    folder.chmod(0o777 & ~umask | folder.stat().st_mode & stat.S_ISGID)
     for path in folder.iterdir():
         if path.is_file():
             path.chmod(0o666 & ~umask)
@@ -300,39 +310,30 @@ def _move_file(src: Path, dst: Path) -> None:
 
 
 def _place(tmp: Path, out: Path) -> None:
-    """Move the finished export `tmp` to `out`: whole when `out` is new or empty (so a concurrent
-    reader never sees half a model), else file by file, the marker last; of what was there, only the
-    files an earlier export's marker lists, as it recorded them (size and sha256), are removed."""
-    if out.is_dir() and not any(out.iterdir()):
-        try:
-            out.rmdir()
-        except OSError as err:  # a mount point (EBUSY) cannot be replaced: it is filled file by file below
-            if err.errno != errno.EBUSY:
-                raise
-    if not out.exists():
+    """Move the finished export `tmp` to `out`: a new `out` is `tmp` renamed whole (a concurrent reader never
+    sees half a model); into an `out` that exists (a folder of the user's, empty or not, a link to one, a
+    mount point) the files are moved one by one, the marker last, and the folder (its inode, mode, owner and
+    group) and a link to it stay as they are. Of what was there, only the files an earlier export's marker
+    lists, as it recorded them (size and sha256), are removed."""
+    if not os.path.lexists(out):
         try:
             os.replace(tmp, out)
             return
         except OSError:  # another process placed its export first: replace its files below
-            pass
-    record = _export_record(out)
-    previous, recorded = record.get("files", []), record.get("file_records")
-
-    def as_written(name: str) -> bool:  # a file the marker names is ours only as the export wrote it
-        path = out / name
-        if name == EXPORT_MARKER or not isinstance(recorded, dict):  # markers before the records: the name
-            return True
-        return name in recorded and path.is_file() and recorded[name] == {"size": path.stat().st_size,
-                                                                          "sha256": sha256_file(path)}
-
-    ours = {n for n in previous if isinstance(n, str) and "/" not in n and as_written(n)}
+            if not out.is_dir():
+                raise
+    _as_folder_gives(tmp, out)
+    ours = export_files(out)
     new = sorted(p.name for p in tmp.iterdir())
     foreign = [n for n in new if (out / n).exists() and n not in ours]  # `--overwrite`: named, not silent
     if foreign:
         logger.warning("%s: replacing %d file(s) bertpipe did not write, or that were changed since, with the "
                        "export's: %s", out, len(foreign), ", ".join(foreign))
-    for name in [n for n in new if n != EXPORT_MARKER] + [EXPORT_MARKER]:
+    # config.json last but the marker: a reader sees no model folder (`is_hf_dir`) before its other files are in.
+    for name in sorted((n for n in new if n != EXPORT_MARKER), key=lambda n: (n == "config.json", n)):
         _move_file(tmp / name, out / name)
+    _check_whole(out, tmp / EXPORT_MARKER)  # only a whole export is marked as one
+    _move_file(tmp / EXPORT_MARKER, out / EXPORT_MARKER)
     for name in ours - set(new):  # an earlier export's file this one does not write, unchanged since
         if (out / name).is_file():
             (out / name).unlink()
@@ -340,3 +341,41 @@ def _place(tmp: Path, out: Path) -> None:
     if kept:
         logger.warning("%s also holds %d file(s) bertpipe did not write, left as they are: %s", out, len(kept),
                        ", ".join(kept[:5]))
+
+
+def export_files(out: Path) -> set[str]:
+    """The files in `out` that an earlier export's marker lists, each as the export wrote it (its recorded size
+    and sha256; a file changed since is the user's), the marker among them: what bertpipe may replace or delete."""
+    record = _export_record(out)
+    previous, recorded = record.get("files", []), record.get("file_records")
+
+    def as_written(name: str) -> bool:
+        path = out / name
+        if name == EXPORT_MARKER or not isinstance(recorded, dict):  # markers before the records: the name
+            return True
+        return name in recorded and path.is_file() and recorded[name] == {"size": path.stat().st_size,
+                                                                          "sha256": sha256_file(path)}
+
+    if not isinstance(previous, list):
+        return set()
+    return {n for n in previous if isinstance(n, str) and "/" not in n and as_written(n)}
+
+
+def _as_folder_gives(tmp: Path, out: Path) -> None:
+    """The group a file written into `out` would have had: that of `out` where it is setgid (a shared folder),
+    not that of the folder beside it the export was built in. Where the user may not give it, left as it is."""
+    import stat
+
+    folder = out.stat()
+    if folder.st_mode & stat.S_ISGID:
+        for path in tmp.iterdir():
+            with contextlib.suppress(OSError):
+                os.chown(path, -1, folder.st_gid)
+
+
+def _check_whole(out: Path, marker: Path) -> None:
+    """Every file the export's marker records is in `out`, of its recorded size, before the marker is placed."""
+    for name, record in json.loads(marker.read_text(encoding="utf-8"))["file_records"].items():
+        if not (out / name).is_file() or (out / name).stat().st_size != record["size"]:
+            raise ValueError(f"{out / name} changed while the export was moved into {out} (another process "
+                             f"writes there?); the export is not marked complete: export again")

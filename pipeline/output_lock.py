@@ -2,7 +2,8 @@
 never a write over a file in it that bertpipe did not write (`refuse_others_files`, `mark_output`).
 
 `corpus`, `pretrain`, `finetune` and `sweep` hold `OUT/.bertpipe.lock` while they write `OUT`; `export`,
-whose `OUT` appears whole by a rename, holds `.OUT.bertpipe.lock` beside it. A second
+whose `OUT` appears whole by a rename, and `features`, whose `OUT` is the stem of its files' names, hold
+`.OUT.bertpipe.lock` beside it, named from its real path (a link to `OUT` takes the same lock). A second
 command on the same `OUT` is refused with a message naming the holder. A lock left by a process that
 died (same host, pid gone, or the pid now another process's: a restarted container reuses pids) is
 taken over with a warning (renamed aside and deleted only if it is still the file judged: of two
@@ -17,6 +18,7 @@ such primitive; the engines' own job ids keep those apart).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -34,15 +36,31 @@ HEARTBEAT_S = 15.0  # the holder refreshes the lock file's modification time thi
 LEASE_S = 60.0  # without a refresh for this long (watched for at least 2 heartbeats), the holder is gone
 
 
-def lock_beside(out: Path) -> Path:
+def lock_beside(out: str | os.PathLike, stem: bool = False) -> Path:
     """The lock of an output that must not exist until it is whole (renamed into place): `.OUT.bertpipe.lock`
-    beside it, for `OutputLock(out, command, lock_file=lock_beside(out))`."""
-    return out.parent / f".{out.name}.bertpipe.lock"
+    beside it, for `OutputLock(out, command, lock_file=lock_beside(out))`. Named from the real path, so every
+    spelling of one output (a link to it or to a folder above it, `..`) takes the one lock. `stem`: `out`
+    names files `OUT.*` (not itself written), so only the folder it is in is resolved."""
+    out = Path(out)
+    real = Path(os.path.realpath(out.parent)) / out.name if stem else Path(os.path.realpath(out))
+    return real.parent / f".{real.name}.bertpipe.lock"
 
 
 class OutputLocked(ValueError):
-    """Another live process writes this output directory, or it is a file (a user error: the message says
-    what to do)."""
+    """Another live process writes this output, or an output directory held by its own lock is a file (a
+    user error: the message says what to do)."""
+
+
+class LockUnwritable(OSError):
+    """The lock beside an output cannot be written (a read-only or another user's folder, maybe the one a link
+    as --out leads to, not the link's); its str() is the one line for the user."""
+
+    def __init__(self, out: Path, err: OSError):
+        super().__init__(err.errno, err.strerror, err.filename)
+        self.out = out
+
+    def __str__(self) -> str:
+        return f"cannot write --out {self.out}: {self.strerror}: {self.filename}; choose another --out or make it writable"
 
 
 def _start_time(pid: int) -> str | None:
@@ -68,14 +86,16 @@ class OutputLock:
     """`with OutputLock(out, "corpus"):` holds `out/.bertpipe.lock` for the duration (re-entrant per pid).
 
     `lock_file`: hold this file instead, for an `out` that must not exist until it is complete (an
-    export is renamed into place whole), e.g. `.NAME.bertpipe.lock` beside it."""
+    export is renamed into place whole) or that names files (features), e.g. `lock_beside(out)`; then
+    what `out` may be is for the command to judge."""
 
     def __init__(self, out: str | os.PathLike, command: str, lock_file: str | os.PathLike | None = None):
         # A remote --out (gs://, s3://) is not locked here (object stores have no exclusive create): checked
         # on the text, as Path("gs://b/x") is the local "gs:/b/x", which acquire would have created.
         self.remote = "://" in str(out)
         self.out = Path(out)
-        self.path = Path(lock_file) if lock_file is not None else self.out / LOCK_NAME
+        self.beside = lock_file is not None
+        self.path = Path(lock_file) if self.beside else self.out / LOCK_NAME
         self.command = command
         self._owned = False
         self._created = False
@@ -84,12 +104,16 @@ class OutputLock:
     def acquire(self) -> "OutputLock":
         if self.remote:
             return self
-        if self.out.exists() and not self.out.is_dir():
+        # A lock beside `out` (`lock_file`) leaves judging `out` to its command: features' --out is a stem.
+        if not self.beside and self.out.exists() and not self.out.is_dir():
             raise OutputLocked(f"--out {self.out} is a file; pass a directory")
         # A directory we create only to hold the lock is removed again if the command leaves it empty
         # (a refused command must not leave an empty output folder behind).
         self._created = not self.path.parent.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise self._unwritable(err) from None
         record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
                   "argv": sys.argv[1:], "since": time.strftime("%Y-%m-%d %H:%M:%S"), "heartbeat_s": HEARTBEAT_S,
                   "pid_start": _start_time(os.getpid())}
@@ -116,12 +140,20 @@ class OutputLock:
                     self._remove_if_still(seen)
                     continue
                 raise OutputLocked(self._refusal(holder)) from None
+            except OSError as err:
+                raise self._unwritable(err) from None
             with os.fdopen(fd, "w") as f:
                 json.dump(record, f)
             self._owned = True
             threading.Thread(target=self._heartbeat, name="bertpipe-lock-heartbeat", daemon=True).start()
             return self
         raise OutputLocked(f"could not take the lock {self.path} (another process keeps recreating it)")
+
+    def _unwritable(self, err: OSError) -> OSError:
+        """`err` of creating the lock; `LockUnwritable` where that is a lock beside --out the user may not write."""
+        if self.beside and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return LockUnwritable(self.out, err)
+        return err
 
     def _identity(self) -> tuple | None:
         """Which lock file is there now: inode, modification time and bytes (an inode number alone

@@ -29,13 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging()
     from launch.export_dirs import export_lock_file, export_run
-    from pipeline.output_lock import OutputLock
+    from pipeline.output_lock import LockUnwritable, OutputLock
 
-    # One writer per --out: the lock sits beside it, as the export is renamed into place whole.
+    # One writer per --out: the lock sits beside it, as the export is renamed into place whole; beside the
+    # folder --out leads to, so a link to it (or --out spelt another way) takes the same lock.
     try:
         with OutputLock(args.out, "export", lock_file=export_lock_file(args.out)):
             out = export_run(args.run, args.out, tag=args.tag, overwrite=args.overwrite)
-    except ValueError as err:
+    except (ValueError, LockUnwritable) as err:
         raise CliError(str(err)) from None
     print(f"exported {args.run} to {out}")
     return 0

@@ -30,7 +30,7 @@ from launch.errors import CliError, WriteDidNotFit, disk_full_message
 from launch.config import save_config
 from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
 from launch.log import setup_logging
-from pipeline.output_lock import OutputLock, OutputLocked, lock_beside
+from pipeline.output_lock import LockUnwritable, OutputLock, OutputLocked, lock_beside
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +76,12 @@ def run(args: argparse.Namespace) -> int:
                        f"and OUT.features.yaml): pass e.g. --out {args.out / 'features'}")
     out_base = args.out.with_suffix("") if args.out.suffix in (".npy", ".parquet") else args.out
     out_base.parent.mkdir(parents=True, exist_ok=True)
-    # One writer per output: two runs shared the partial file, and one renamed the other's away.
+    # One writer per output: two runs shared the partial file, and one renamed the other's away. OUT itself is
+    # never written (a file of that name stays as it is): the lock is named from OUT's real folder and its name.
     try:
-        with OutputLock(out_base, "features", lock_file=lock_beside(out_base)):
+        with OutputLock(out_base, "features", lock_file=lock_beside(out_base, stem=True)):
             data_file, elapsed = _write(args, cfg, extractor, texts, out_base)
-    except OutputLocked as err:
+    except (OutputLocked, LockUnwritable) as err:
         raise CliError(str(err)) from None
     if extractor.truncated:
         logger.warning("%d of %d texts were longer than %d word pieces and were truncated",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -204,3 +205,99 @@ def test_a_remote_out_makes_no_local_folder(tmp_path, monkeypatch, capsys):
         cli.main(["corpus", "--input", str(BOOKS[0]), "--vocab", str(VOCAB), "--out", "gs://bucket/corpus"])
     assert "Traceback" not in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def _held_by(lock, command="export"):
+    """A live process of this host holding the lock file `lock`."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "command": command, "since": "then"}))
+    return holder
+
+
+def test_a_lock_beside_an_output_is_one_for_every_spelling_of_it(tmp_path):
+    """`--out ea` and `--out ealink` (a link to ea) took `.ea.bertpipe.lock` and `.ealink.bertpipe.lock`: both wrote."""
+    from pipeline.output_lock import lock_beside
+
+    (tmp_path / "ea").mkdir()
+    (tmp_path / "ealink").symlink_to("ea")
+    (tmp_path / "later").symlink_to("new")  # a link to a folder not made yet: the folder it will be
+    (tmp_path / "up").symlink_to(".")
+    assert lock_beside(tmp_path / "ea") == tmp_path / ".ea.bertpipe.lock"
+    for spelling in ("ealink", "up/ea", "up/ealink", "ea/../ea", "up/up/ealink/"):
+        assert lock_beside(tmp_path / spelling) == tmp_path / ".ea.bertpipe.lock", spelling
+    assert lock_beside(tmp_path / "later") == lock_beside(tmp_path / "new") == tmp_path / ".new.bertpipe.lock"
+
+    holder = _held_by(lock_beside(tmp_path / "ea"))
+    try:
+        with pytest.raises(OutputLocked, match=rf"^{re.escape(str(tmp_path / 'ealink'))} is being written by "
+                                               rf"`bertpipe export` \(pid {holder.pid} "):
+            OutputLock(tmp_path / "ealink", "export", lock_file=lock_beside(tmp_path / "ealink")).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stem_is_locked_in_its_real_folder_under_its_own_name(tmp_path):
+    # features' --out names files OUT.npy, OUT.features.yaml: OUT itself may be anything (even a link) and is
+    # never written, so only the folder it is in is resolved.
+    from pipeline.output_lock import lock_beside
+
+    (tmp_path / "fu").mkdir()
+    (tmp_path / "fulink").symlink_to("fu")
+    (tmp_path / "fu" / "plain").symlink_to(tmp_path / "elsewhere")
+    lock = tmp_path / "fu" / ".plain.bertpipe.lock"
+    assert lock_beside(tmp_path / "fu" / "plain", stem=True) == lock_beside(tmp_path / "fulink" / "plain", stem=True) \
+        == lock
+
+
+def test_a_lock_beside_a_file_leaves_the_file_to_its_command(tmp_path):
+    # features --out fu/plain, plain a file: "is a file; pass a directory", where features' --out is a stem
+    # (it writes plain.npy beside plain, and a directory is refused).
+    from pipeline.output_lock import lock_beside
+
+    plain = tmp_path / "plain"
+    plain.write_text("mine")
+    with OutputLock(plain, "features", lock_file=lock_beside(plain, stem=True)):
+        assert (tmp_path / ".plain.bertpipe.lock").is_file()
+    assert plain.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+    with pytest.raises(OutputLocked, match=re.escape(f"--out {plain} is a file; pass a directory")):  # a folder's own lock
+        OutputLock(plain, "corpus").acquire()
+
+
+def test_a_lock_inside_a_linked_output_is_the_folders_own(tmp_path):
+    """`OUT/.bertpipe.lock` (corpus, pretrain, finetune, sweep) is in the folder a link leads to: one lock."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    holder = _held_by(tmp_path / "real" / LOCK_NAME, "corpus")
+    try:
+        with pytest.raises(OutputLocked, match=rf"^{re.escape(str(tmp_path / 'link'))} is being written by `bertpipe corpus`"):
+            OutputLock(tmp_path / "link", "corpus").acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_beside_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """Where a link as --out leads into a folder the user may not write, the lock (beside the folder it leads
+    to) cannot be made: the message names --out as typed and the file that could not be written."""
+    import errno
+
+    from pipeline.output_lock import LockUnwritable, lock_beside
+
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "ea").mkdir()
+    (tmp_path / "ealink").symlink_to(tmp_path / "ro" / "ea")
+    lock = lock_beside(tmp_path / "ealink")
+    opened = os.open
+
+    def read_only(path, *args, **kwargs):
+        if str(path) == str(lock):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(LockUnwritable) as exc:
+        OutputLock(tmp_path / "ealink", "export", lock_file=lock).acquire()
+    assert str(exc.value) == f"cannot write --out {tmp_path / 'ealink'}: Read-only file system: {lock}; choose " \
+                             "another --out or make it writable"

@@ -142,6 +142,22 @@ def test_a_read_only_out_is_one_line_naming_it_not_a_traceback(tmpfs, reference_
                                                "--out or make it writable"
 
 
+def test_a_link_into_a_read_only_folder_is_one_line_naming_the_lock(tmpfs, reference_run, tmp_path):
+    # An export's lock is beside the folder its --out leads to (one lock for every spelling of it): through a
+    # link, that is where the link leads, which may be read-only where the link's own folder is not.
+    disk = tmpfs(1 << 20)
+    (disk / "ea").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    link = tmp_path / "ealink"
+    link.symlink_to(disk / "ea")
+    done = _run(["export", str(reference_run), "--out", str(link)])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"bertpipe export: error: cannot write --out {link}: Read-only file system: {disk / '.ea.bertpipe.lock'}; "
+        "choose another --out or make it writable")
+    assert link.is_symlink() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ealink")]
+
+
 def test_each_write_limit_is_one_line_naming_the_file_written():
     import errno
 

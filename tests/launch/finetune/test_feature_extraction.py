@@ -259,3 +259,23 @@ def test_input_rows_are_the_lines_a_user_counts(tmp_path):
     jsonl.write_text("\ufeff" + "\n".join(json.dumps({"text": t}, ensure_ascii=False) for t in ("a\u2028b", "c")) + "\n",
                      encoding="utf-8")
     assert read_texts(jsonl) == ["a\u2028b", "c"]
+
+
+def test_an_out_stem_that_names_a_file_writes_beside_it_and_leaves_it(tiny_checkpoint, tmp_path, capsys):
+    # `--out fu/plain`, plain a file of the user's: "--out fu/plain is a file; pass a directory", where --out
+    # names the output files (plain.npy, plain.features.yaml) and a directory is refused. plain is never written.
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\na second line\n")
+    plain = tmp_path / "fu" / "plain"
+    plain.parent.mkdir()
+    plain.write_text("mine")
+    argv = ["features", "--checkpoint", str(tiny_checkpoint), "--input", str(texts), "--pool", "mean",
+            "--device", "cpu"]
+    assert cli.main([*argv, "--out", str(plain)]) == 0, capsys.readouterr().err
+    assert plain.read_text() == "mine" and np.load(tmp_path / "fu" / "plain.npy").shape[0] == 2
+    assert sorted(p.name for p in plain.parent.iterdir()) == ["plain", "plain.features.yaml", "plain.npy"]
+    # The same stem through a link to its folder is the same output (its own earlier output, rewritten).
+    (tmp_path / "fulink").symlink_to("fu")
+    assert cli.main([*argv, "--out", str(tmp_path / "fulink" / "plain")]) == 0
+    assert sorted(p.name for p in plain.parent.iterdir()) == ["plain", "plain.features.yaml", "plain.npy"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
