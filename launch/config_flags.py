@@ -29,6 +29,7 @@ import shlex
 import textwrap
 import types
 import typing
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import yaml
@@ -113,6 +114,14 @@ def _bool_or_null(text: str) -> bool | None:
 
 def _text_or_null(text: str) -> str | None:
     return None if text in ("null", "None", "~") else text
+
+
+def out_dir(value: str) -> Path:
+    """The argparse type of an `--out` folder (pretrain's, download's, the demo's): `Path("")` is ".", so an empty
+    --out (a `--out "$RUN"` with RUN unset) wrote into the working directory without a word."""
+    if not value:
+        raise argparse.ArgumentTypeError("is empty; name an output directory")
+    return Path(value)
 
 
 def _mapping_item(text: str) -> tuple[str, Any]:

@@ -22,6 +22,7 @@ finished steps are reused unless --fresh (which deletes only what the demo wrote
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launch.cli import main as cli_main
+from launch.config_flags import out_dir
 from launch.errors import CliError, Terminated
 from launch.log import get_logger, setup_logging
 from pipeline.output_lock import LOCK_NAME, OutputLock, OutputLocked, mark_output
@@ -44,7 +46,7 @@ DATA = REPO / "data"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")
+    parser.add_argument("--out", type=out_dir, default=Path("demo_out"), help="output folder (default: demo_out)")
     parser.add_argument("--steps", type=int, default=2000, help="pre-training steps (default: 2000)")
     parser.add_argument("--seeds", type=int, default=3,
                         help="fine-tuning seeds for each pre-trained and random-init model (default: 3)")
@@ -55,12 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="delete what an earlier demo wrote in --out first instead of reusing its finished steps")
 
 
-# What the demo writes into --out: `--fresh` deletes these and nothing else, and only where the marker
-# proves an earlier demo wrote them.
 # The steps' own lines above it say "--resume": the demo passes that itself when it runs again.
 ON_INTERRUPT = "run the same demo command again (no --resume): it continues where it stopped"
 MARKER = ".bertpipe-demo"
-WRITTEN = ("corpus", "run", "hf_model", "sweep", "loss.png", "demo_grid.yaml", "reference", "reference_grid.yaml", MARKER)
+# What the demo writes into --out, where the marker proves an earlier demo wrote there: each folder is one step's
+# output, of which `--fresh` deletes what that step's command wrote (`_clear_folder`: the command's own record of
+# it), keeping anything else there; the files are the demo's own (the marker last: it proves the rest ours).
+FOLDERS = ("corpus", "run", "hf_model", "sweep", "reference")
+FILES = ("loss.png", "demo_grid.yaml", "reference_grid.yaml", MARKER)
 # Step 5: the real MiniLM fine-tuned on a subset of SST-2 (1 epoch of 1,000 sentences, 32 steps, ~2 minutes for 3
 # seeds of both inits on 2 cores): pre-trained it reaches ~82%, above the tiny model's random init on all 6,920.
 REFERENCE_TRAIN_SAMPLES = 1000
@@ -81,15 +85,62 @@ def _check_out(out: Path) -> None:
 
 
 def _clear_previous_demo(out: Path) -> None:
-    """--fresh: delete what an earlier demo wrote into `out` (its marker proves it), nothing else."""
+    """--fresh: delete what an earlier demo wrote into `out` (its marker proves it), nothing else. A file or
+    folder of the user's in its folders (notes, a `bertpipe finetune --out OUT/run/mine`) is kept, and named."""
     if not (out / MARKER).is_file():
         return
-    for name in WRITTEN:
+    from launch.export_dirs import export_lock_file
+
+    folders = [out / name for name in FOLDERS if (out / name).is_dir() and not (out / name).is_symlink()]
+    with contextlib.ExitStack() as locks:
+        for folder in folders:  # not while another process writes it (a `bertpipe pretrain --out OUT/run` of yours)
+            beside = export_lock_file(folder) if folder.name == "hf_model" else None  # where `bertpipe export` locks
+            locks.enter_context(OutputLock(folder, "demo", lock_file=beside))
+        for folder in folders:  # the corpus first: it refuses (ValueError) a folder it cannot tell ours
+            _clear_folder(folder)
+    for name in FOLDERS + FILES:
         path = out / name
         if path.is_dir() and not path.is_symlink():
-            # not while another process writes it (a `bertpipe pretrain --out OUT/run` of the user's)
-            with OutputLock(path, "demo"):
-                pass
+            with contextlib.suppress(OSError):  # emptied: gone, as before the demo; else it holds the user's files
+                path.rmdir()
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    kept = [f"{name}/{p.name}{'/' if p.is_dir() else ''}" for name in FOLDERS if (out / name).is_dir()
+            for p in sorted((out / name).iterdir())]
+    kept += [p.name for p in sorted(out.iterdir()) if p.name not in FOLDERS + FILES + (LOCK_NAME,)]
+    if kept:
+        log.warning("--fresh kept %d file(s) or folder(s) the demo did not write: %s", len(kept),
+                    ", ".join(kept[:10]) + (" ..." if len(kept) > 10 else ""))
+
+
+def _clear_folder(folder: Path) -> None:
+    """Delete from a folder of the demo what its step's command wrote there, known as that command knows it."""
+    if folder.name == "corpus":
+        from pipeline.corpus_output import clear_previous_output
+
+        clear_previous_output(str(folder), None, None)
+    elif folder.name == "run":
+        from launch.checkpoint_dirs import RUN_FILES, RUN_MARKER, is_run_dir
+
+        if (folder / RUN_MARKER).is_file() or is_run_dir(folder):  # what lets `pretrain` rewrite RUN_FILES there
+            _delete(folder, RUN_FILES + (RUN_MARKER,))
+    elif folder.name == "hf_model":
+        from launch.export_dirs import EXPORT_MARKER, export_files
+
+        ours = sorted(n for n in export_files(folder) - {EXPORT_MARKER} if (folder / n).is_file())
+        _delete(folder, ours + ([EXPORT_MARKER] if ours else []))  # as `bertpipe export` judges them, marker last
+    else:  # sweep, reference
+        from launch.finetune.tune_sweep import CONFIG_FILE, SWEEP_FILES, holds_sweep
+
+        if holds_sweep(folder):
+            _delete(folder, [n for n in SWEEP_FILES if n != CONFIG_FILE] + [CONFIG_FILE])
+
+
+def _delete(folder: Path, names: list[str] | tuple[str, ...]) -> None:
+    """Delete `names` in `folder` (a folder among them whole, a link as a link), in this order."""
+    for name in names:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
@@ -130,8 +181,14 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, out: Path) -> int:
     corpus, run_dir, hf_dir, sweep_dir = out / "corpus", out / "run", out / "hf_model", out / "sweep"
     if args.fresh and out.exists():
-        _clear_previous_demo(out)
-    from launch.export_dirs import exported_step
+        try:
+            _clear_previous_demo(out)
+        except ValueError as err:  # a folder its command cannot tell its own, or one another process writes
+            raise CliError(str(err)) from None
+    # What lets a rerun reuse, and --fresh delete, the demo's own files: again at once after --fresh, which
+    # may have kept files of the user's here, so that the same command still runs once a refusal below is met.
+    mark_output(out, MARKER, "demo")
+    from launch.export_dirs import check_export_target, exported_step
 
     # First: an earlier release's demo (seq 64), whose corpus would be trained on as is; --steps cannot help it.
     seq_len = _corpus_seq_len(corpus)
@@ -142,7 +199,12 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     if done_steps is not None and done_steps != args.steps:
         raise CliError(f"{out} holds a demo pre-trained for {done_steps} steps, not --steps {args.steps}: pass "
                        f"--fresh to pre-train again (it deletes only what the demo wrote), or --steps {done_steps}")
-    mark_output(out, MARKER, "demo")  # what lets a rerun reuse, and --fresh delete, the demo's own files
+    exported = done_steps is not None and (hf_dir / "config.json").is_file()  # an export's, not a user's config.json
+    if not exported:
+        try:  # before minutes of pre-training: a file of the user's left in hf_model/ (kept by --fresh)
+            check_export_target(run_dir, hf_dir, overwrite=False)
+        except ValueError as err:
+            raise CliError(f"demo step 'export' would fail: {err}") from None
 
     if not (corpus / "manifest.json").is_file():
         _step("corpus", [
@@ -153,7 +215,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         ])
     _step("corpus inspect", ["corpus", "inspect", str(corpus), "--examples", "2"])
 
-    if not (hf_dir / "config.json").is_file():
+    if not exported:
         _step("pretrain", [
             "pretrain", "--config", "demo", "--data", str(corpus), "--out", str(run_dir),
             "--nproc", str(args.nproc), "--max-steps", str(args.steps),

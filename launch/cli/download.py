@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from launch.config_flags import out_dir
 from launch.errors import CliError, disk_full_message
 from launch.log import get_logger, setup_logging
 
@@ -37,7 +38,7 @@ def _mirror(value: str) -> str:
 
 
 def _common(parser: argparse.ArgumentParser, default_mirror: str) -> None:
-    parser.add_argument("--out", type=Path, required=True, help="output directory (shared by several downloads; "
+    parser.add_argument("--out", type=out_dir, required=True, help="output directory (shared by several downloads; "
                         "pass it to `bertpipe corpus --input`)")
     parser.add_argument("--mirror", type=_mirror, default=None, help=f"base URL of the mirror, in the same layout (default: {default_mirror})")
     parser.add_argument("--jobs", type=int, default=2, help="files downloaded in parallel (default: 2; "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launch.config import preset_names
-from launch.config_flags import add_config_flags, config_from_args, warn_deprecated
+from launch.config_flags import add_config_flags, config_from_args, out_dir, warn_deprecated
 from launch.log import global_rank, setup_logging
 from launch.pretrain.pretrain_config import PretrainConfig
 
@@ -32,7 +32,7 @@ ALIASES = {"schedule.total_steps": ["--max-steps"], "checkpoint.save_every": ["-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=argparse.SUPPRESS)  # deprecated form
     parser.add_argument("--data", type=Path, required=True, help="corpus directory written by `bertpipe corpus`")
-    parser.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, metrics, configs)")
+    parser.add_argument("--out", type=out_dir, required=True, help="run directory (checkpoints, metrics, configs)")
     parser.add_argument("--nproc", type=int, default=None,
                         help="local processes to start (default: the number of GPUs, or 1 on CPU); "
                              "ignored under deepspeed/torchrun, which set the world themselves")

@@ -56,8 +56,11 @@ def test_an_interrupted_step_interrupts_the_demo_and_says_how_to_go_on(tmp_path,
 
 
 def test_fresh_deletes_the_demo_outputs_and_keeps_the_rest(tmp_path):
+    from launch.checkpoint_dirs import RUN_MARKER
+
     (tmp_path / MARKER).write_text("demo")
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / RUN_MARKER).write_text("pretrain")  # what proves the run's files pretrain's
     (tmp_path / "loss.png").write_bytes(b"png")
     (tmp_path / "notes.txt").write_text("mine")
     _clear_previous_demo(tmp_path)
