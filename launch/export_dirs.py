@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -281,8 +282,6 @@ def _as_umask_allows(folder: Path) -> None:
     """The permissions a plain `mkdir` / `open` would have given: `mkdtemp` makes the folder 0700 and
     safetensors its file 0600, which would keep an export from the other users of a shared machine (a
     setgid bit the folder took from its parent stays, as it would on a folder `mkdir` made)."""
-    import stat
-
     umask = os.umask(0)
     os.umask(umask)
     folder.chmod(0o777 & ~umask | folder.stat().st_mode & stat.S_ISGID)
@@ -364,8 +363,6 @@ def export_files(out: Path) -> set[str]:
 def _as_folder_gives(tmp: Path, out: Path) -> None:
     """The group a file written into `out` would have had: that of `out` where it is setgid (a shared folder),
     not that of the folder beside it the export was built in. Where the user may not give it, left as it is."""
-    import stat
-
     folder = out.stat()
     if folder.st_mode & stat.S_ISGID:
         for path in tmp.iterdir():

@@ -291,12 +291,13 @@ def run_sweep(
         from launch.finetune.feature_extraction import check_layers_fit  # imports torch: only when needed
 
         check_layers_fit(base["checkpoint"], [c.layers for c in configs if c.feature_based])
-    if holds_sweep(out) and not resume:
+    ours = holds_sweep(out)
+    if ours and not resume:
         raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
-    if (out / CONFIG_FILE).exists() and not holds_sweep(out):  # else the marker check below would take it as ours
+    if (out / CONFIG_FILE).exists() and not ours:  # else the marker check below would take it as ours
         raise ValueError(f"--out {out} holds {CONFIG_FILE}, which is not the settings `bertpipe sweep` writes "
                          "and would be overwritten; move it out of --out, or choose a new or empty --out")
-    refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=holds_sweep(out))
+    refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=ours)
 
     inputs = inputs_fingerprint(base["checkpoint"], base["data_dir"], exclude=[out, base.get("feature_cache") or out])
     recorded: dict[int, dict[str, float]] = {}
