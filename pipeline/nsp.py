@@ -184,20 +184,29 @@ def _unique_ids(docs: list[TokenizedDocument]) -> list[str]:
     """Doc ids of `docs` (sorted by id; re-sorted in place on a clash), unique whatever the arrival order.
 
     Two inputs can name a document alike (`wiki_00:0` in two directories, a repeated JSONL `id`);
-    such documents always share a bucket. Sorted by content and renamed `id~1`, `id~2`, ... they get
-    their own seeds and sort keys, so the output stays a function of the input alone.
+    such documents always share a bucket. Sorted by content, the second and later are renamed
+    `id~DIGEST` (their text's digest; `.2`, `.3`, ... for the same text again), so they get their own
+    seeds and sort keys and the output stays a function of the input alone. A counter (`id~1`) could
+    meet a real document of that name, in this bucket or another, and tie their shard sort keys.
     """
     ids = [d.doc_id for d in docs]
     if len(set(ids)) == len(ids):
         return ids
-    docs.sort(key=lambda d: (d.doc_id, _content_digest(d)))
-    out, seen = [], {}
+    digests = {id(d): _content_digest(d) for d in docs}
+    docs.sort(key=lambda d: (d.doc_id, digests[id(d)]))
+    out, named, taken = [], set(), set(ids)
     for doc in docs:
-        n = seen.get(doc.doc_id, 0)
-        seen[doc.doc_id] = n + 1
-        if n:
+        name = doc.doc_id
+        if name in named:
             Metrics.counter("corpus", "duplicate_doc_ids_renamed").inc()
-        out.append(f"{doc.doc_id}~{n}" if n else doc.doc_id)
+            name = stem = f"{doc.doc_id}~{digests[id(doc)].hex()[:16]}"
+            again = 1
+            while name in taken:
+                again += 1
+                name = f"{stem}.{again}"
+        named.add(doc.doc_id)
+        taken.add(name)
+        out.append(name)
     return out
 
 

@@ -258,7 +258,7 @@ def test_words_longer_than_wordpiece_reads_are_counted_not_given_to_the_trainer(
 def test_duplicate_doc_ids_do_not_make_output_depend_on_arrival_order(data_dir):
     """Two files can give documents the same id (`wiki_00:0` in two directories): the bucket's
     output must not depend on the order the runner delivers them in, and ids stay unique."""
-    from pipeline.nsp import _BucketInstancesFn
+    from pipeline.nsp import _BucketInstancesFn, _content_digest
 
     vocab = MaskingVocab.from_vocab_file(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
     a, b, c = _synthetic_docs(3)
@@ -275,5 +275,24 @@ def test_duplicate_doc_ids_do_not_make_output_depend_on_arrival_order(data_dir):
 
     first = run([a, twin, c])
     assert first == run([twin, c, a]) == run([c, a, twin])
-    assert {doc_id for _, doc_id, _, _ in first} == {a.doc_id, f"{a.doc_id}~1", c.doc_id}
+    assert {doc_id for _, doc_id, _, _ in first} == {a.doc_id, f"{a.doc_id}~{_content_digest(twin).hex()[:16]}", c.doc_id}
     assert len({key for key, _, _, _ in first}) == len(first)  # shard sort keys never tie
+
+
+def test_renamed_duplicate_ids_never_meet_a_real_id():
+    """`a`, `a`, `a~1`: a counter named the second `a` as the third document, so the two shared
+    seeds and shard sort keys, and their rows' order followed the runner. The same text given
+    twice more under one id gets a name of its own each time."""
+    from pipeline.nsp import _content_digest, _unique_ids
+
+    a, b, c = _synthetic_docs(3)
+    docs = [TokenizedDocument("a", a.ids, a.ends), TokenizedDocument("a", b.ids, b.ends),
+            TokenizedDocument("a~1", c.ids, c.ends), TokenizedDocument("a", b.ids, b.ends)]
+    ids = _unique_ids(docs)
+    assert len(set(ids)) == 4
+    digest_b = _content_digest(docs[1]).hex()[:16]
+    assert sorted(ids) == sorted(["a", "a~1", f"a~{digest_b}", f"a~{digest_b}.2"])
+    # A real document named as a renamed one would be is not met either.
+    docs = [TokenizedDocument("a", a.ids, a.ends), TokenizedDocument("a", b.ids, b.ends),
+            TokenizedDocument(f"a~{digest_b}", c.ids, c.ends)]
+    assert len(set(_unique_ids(docs))) == 3
