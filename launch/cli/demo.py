@@ -205,6 +205,15 @@ def _run(args: argparse.Namespace, out: Path) -> int:
             check_export_target(run_dir, hf_dir, overwrite=False)
         except ValueError as err:
             raise CliError(f"demo step 'export' would fail: {err}") from None
+    if not args.skip_sweep:  # likewise files of the user's in the sweeps' folders, refused there after pre-training
+        from launch.finetune.tune_sweep import check_sweep_out
+
+        steps = [("sweep", sweep_dir)] + ([] if args.skip_reference else [("reference sweep", out / "reference")])
+        for name, folder in steps:
+            try:
+                check_sweep_out(folder, resume=True)  # the demo resumes a sweep of its own there
+            except ValueError as err:
+                raise CliError(f"demo step {name!r} would fail: {err}") from None
 
     if not (corpus / "manifest.json").is_file():
         _step("corpus", [

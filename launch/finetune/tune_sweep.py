@@ -211,6 +211,18 @@ def holds_sweep(out: str | Path) -> bool:
     return isinstance(saved, dict) and _SETTINGS_KEYS <= saved.keys() and isinstance(saved["base"], dict)
 
 
+def check_sweep_out(out: Path, resume: bool) -> None:
+    """Refuse (ValueError) an `out` a sweep may not write: an earlier sweep without `resume`, or files of
+    someone else's that the sweep's own would overwrite."""
+    ours = holds_sweep(out)
+    if ours and not resume:
+        raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
+    if (out / CONFIG_FILE).exists() and not ours:  # else the marker check below would take it as ours
+        raise ValueError(f"--out {out} holds {CONFIG_FILE}, which is not the settings `bertpipe sweep` writes "
+                         "and would be overwritten; move it out of --out, or choose a new or empty --out")
+    refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=ours)
+
+
 def base_settings(task: str, checkpoint: str | Path, data_dir: str | Path, overrides: dict[str, Any] | None,
                   cpus_per_trial: float) -> dict[str, Any]:
     """The settings every trial shares (a grid point and seed complete them), paths absolute."""
@@ -291,13 +303,7 @@ def run_sweep(
         from launch.finetune.feature_extraction import check_layers_fit  # imports torch: only when needed
 
         check_layers_fit(base["checkpoint"], [c.layers for c in configs if c.feature_based])
-    ours = holds_sweep(out)
-    if ours and not resume:
-        raise ValueError(f"{out} already holds a sweep; pass --resume to continue it, or choose another --out")
-    if (out / CONFIG_FILE).exists() and not ours:  # else the marker check below would take it as ours
-        raise ValueError(f"--out {out} holds {CONFIG_FILE}, which is not the settings `bertpipe sweep` writes "
-                         "and would be overwritten; move it out of --out, or choose a new or empty --out")
-    refuse_others_files(out, SWEEP_FILES, CONFIG_FILE, "sweep", ours=ours)
+    check_sweep_out(out, resume)
 
     inputs = inputs_fingerprint(base["checkpoint"], base["data_dir"], exclude=[out, base.get("feature_cache") or out])
     recorded: dict[int, dict[str, float]] = {}

@@ -149,3 +149,23 @@ def test_a_folder_no_record_proves_the_commands_is_kept_whole(tmp_path, capsys, 
     assert [argv[0] for argv in steps] == ["corpus"]
     assert ("--fresh kept 9 file(s) or folder(s) the demo did not write: run/config.yaml, run/ds_config.json, "
             "run/metrics.jsonl, run/vocab.txt, sweep/results.json") in capsys.readouterr().err
+
+
+def test_a_sweep_folder_of_the_users_stops_the_demo_in_one_line_before_it_pre_trains(tmp_path, capsys, steps):
+    # `bertpipe sweep` refuses to overwrite results it did not write; the demo said so only at step 4, minutes
+    # after the corpus and pre-training. Now at once, as for hf_model/.
+    out = tmp_path / "dm"
+    _earlier_demo(out)
+    (out / "reference" / CONFIG_FILE).unlink()  # no sweep's settings: its results.json etc. are anyone's
+    with pytest.raises(SystemExit) as err:
+        cli.main(["demo", "--out", str(out), "--fresh", "--steps", "2", "--nproc", "1"])
+    assert err.value.code == 2 and steps == []
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"bertpipe demo: error: demo step 'reference sweep' would fail: --out {out / 'reference'} "
+                           "holds results.json, results.md, sweep.png, trials, tune, which `bertpipe sweep` did not write"), last
+    assert _files(out / "reference") == ["results.json", "results.md", "sweep.png", "trials/t0/trial_result.json",
+                                         "tune/x"]
+    # Without the reference step the same folder does not matter.
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--out", str(out), "--fresh", "--steps", "2", "--nproc", "1", "--skip-reference"])
+    assert [argv[0] for argv in steps] == ["corpus"]
