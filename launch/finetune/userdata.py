@@ -72,9 +72,12 @@ def _jsonl_records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterato
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_refuse_constant)
         except json.JSONDecodeError as err:
             skips.malformed(path, line_no, f"not valid JSON ({err.msg})")
+            continue
+        except ValueError as err:  # NaN, Infinity: became the class "nan", or the text "nan"
+            skips.malformed(path, line_no, str(err))
             continue
         if not isinstance(row, dict):
             skips.malformed(path, line_no, "expected a JSON object per line")
@@ -89,6 +92,11 @@ def _jsonl_records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterato
             skips.malformed(path, line_no, f"key(s) {bad} hold {json.dumps(row[bad[0]])}, not text")
             continue
         yield line_no, row
+
+
+def _refuse_constant(name: str) -> None:
+    """Python's json writes a missing value (a float NaN) as `NaN`, which is not JSON, and reads it back."""
+    raise ValueError(f"holds {name}, which is not JSON (a missing value written by Python's json?)")
 
 
 def read_text_split(

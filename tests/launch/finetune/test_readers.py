@@ -298,6 +298,21 @@ def test_user_jsonl_null_and_list_values_are_malformed_not_text(tmp_path):
     assert [ex.text_a for _, ex in rows] == ["fine"] and skips.count == 3
 
 
+def test_user_jsonl_nan_and_infinity_are_malformed_not_a_class_or_text(tmp_path):
+    # Python's json writes a missing value as NaN and reads it back: a NaN label became a third class
+    # "nan" (binary F1 and MCC gone from metrics.json), and NaN text the word "nan".
+    (tmp_path / "train.jsonl").write_text('{"text": "good", "label": "pos"}\n{"text": "bad", "label": "neg"}\n'
+                                          '{"text": "meh", "label": NaN}\n{"text": NaN, "label": "pos"}\n'
+                                          '{"text": ["a", Infinity], "label": ["O", "O"]}\n')
+    (tmp_path / "dev.jsonl").write_text('{"text": "fine", "label": "pos"}\n')
+    with pytest.raises(DataError, match=r"train.jsonl:3: holds NaN, which is not JSON"):
+        load("classify", tmp_path)
+    skips = SkipCounter(allow=True)
+    rows = userdata.read_text_split(tmp_path / "train.jsonl", userdata.Columns(), labelled=True, regression=False,
+                                    skips=skips)
+    assert [ex.label for _, ex in rows] == ["pos", "neg"] and skips.count == 3
+
+
 def test_files_that_are_not_utf8_are_named(tmp_path):
     (tmp_path / "train.txt").write_bytes(b"EU NNP B-NP B-ORG\nCaf\xe9 NNP B-NP B-LOC\n")
     with pytest.raises(DataError, match=r"train.txt: not UTF-8 text \(line 2, byte 21: .*\); save it as UTF-8"):
