@@ -14,7 +14,8 @@ Kept free of torch and Beam: the corpus job ships the vocabulary to its workers 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -24,6 +25,8 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # with room either side, where "any capital" misreads the uncased vocab as cased.
 CASED_SHARE = 0.05
 TOKENIZER_CONFIG = "tokenizer_config.json"
+
+log = logging.getLogger(__name__)
 
 
 def read_vocab_tokens(vocab_text: str) -> list[str]:
@@ -111,9 +114,8 @@ class Vocab:
             text = path.read_text(encoding="utf-8-sig")
         except UnicodeDecodeError as err:
             raise ValueError(f"vocab {path} is not UTF-8 text ({err}); pass a BERT vocab.txt") from None
-        if lowercase is None:
-            lowercase = declared_lowercase(path.parent)
-        return cls.from_text(text, str(path), lowercase)
+        vocab = cls.from_text(text, str(path), lowercase)
+        return vocab if lowercase is not None else replace(vocab, lowercase=model_lowercase(path.parent, vocab.tokens))
 
     def tokenizer(self):
         return build_tokenizer(self.tokens, self.lowercase)
@@ -151,3 +153,18 @@ def declared_lowercase(model_dir: str | Path) -> bool | None:
     if value is not None and not isinstance(value, bool):  # "false" is a truthy string: say so, never guess
         raise ValueError(f"{cfg}: do_lower_case is {value!r}, not true or false; write it as a JSON boolean")
     return value
+
+
+def model_lowercase(model_dir: str | Path, tokens: Sequence[str]) -> bool:
+    """Whether text for the model in `model_dir` is lowercased: its `tokenizer_config.json`'s `do_lower_case`,
+    else the vocabulary's casing (`vocab_is_cased`). A declaration the vocabulary contradicts is followed, as
+    Hugging Face follows it, and named in one warning: `false` on an uncased vocabulary makes capitalised
+    words [UNK] or splits them into pieces; `true` on a cased one leaves its capitalised pieces unused."""
+    declared = declared_lowercase(model_dir)
+    cased = vocab_is_cased(tokens)
+    if declared is not None and declared == cased:
+        what = ("capitalised words become [UNK] or split into pieces the model did not learn them as" if not cased
+                else "the vocabulary's capitalised pieces are never used")
+        log.warning("%s says do_lower_case: %s, but its vocabulary is %s: %s; fix do_lower_case if that is not meant",
+                    Path(model_dir) / TOKENIZER_CONFIG, str(declared).lower(), "cased" if cased else "uncased", what)
+    return not cased if declared is None else declared

@@ -14,7 +14,7 @@ from pathlib import Path
 from launch.export_dirs import resolve_checkpoint
 from launch.finetune.examples import DataError
 from pipeline.manifest import sha256_file
-from pipeline.vocab import build_tokenizer, check_embedding_rows, declared_lowercase, read_vocab_tokens, vocab_is_cased
+from pipeline.vocab import build_tokenizer, check_embedding_rows, model_lowercase, read_vocab_tokens
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,7 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
     for special in ("[CLS]", "[SEP]", "[PAD]", "[UNK]"):
         if special not in tokens:
             raise DataError(f"{vocab_file} lacks the special token {special}; not a BERT WordPiece vocabulary")
-    declared = declared_lowercase(hf_dir)  # tokenizer_config.json's do_lower_case, else the vocabulary's casing
-    return Checkpoint(hf_dir, vocab_file, len(tokens), not vocab_is_cased(tokens) if declared is None else declared)
+    return Checkpoint(hf_dir, vocab_file, len(tokens), model_lowercase(hf_dir, tokens))
 
 
 def load_tokenizer(ckpt: Checkpoint):

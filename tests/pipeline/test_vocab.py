@@ -35,6 +35,32 @@ def test_tokenizer_config_overrides_the_rule_and_an_argument_overrides_both(tmp_
         Vocab.read(tmp_path)
 
 
+def test_a_declared_casing_the_vocabulary_contradicts_is_followed_and_named_in_one_warning(tmp_path, caplog):
+    # do_lower_case false beside an uncased vocabulary: "The Movie" became [UNK] [UNK] without a word, in
+    # fine-tuning and in features. Followed (Hugging Face follows it too), and said.
+    from launch.finetune.checkpoint import load_tokenizer, open_checkpoint
+    from pipeline.vocab import model_lowercase
+
+    (tmp_path / "vocab.txt").write_bytes(VOCAB.read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 30522}))
+    (tmp_path / "model.safetensors").write_bytes(b"")  # open_checkpoint reads the files, not the weights
+    assert model_lowercase(tmp_path, read_vocab_tokens(VOCAB.read_text())) is True and not caplog.records
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    with caplog.at_level("WARNING"):
+        assert Vocab.read(tmp_path).lowercase is False
+        assert load_tokenizer(open_checkpoint(str(tmp_path))).encode("The Movie").tokens == ["[CLS]", "[UNK]", "[UNK]", "[SEP]"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'tokenizer_config.json'} says do_lower_case: false, but its vocabulary is uncased: capitalised "
+        "words become [UNK] or split into pieces the model did not learn them as; fix do_lower_case if that is not meant"] * 2
+    caplog.clear()
+    (tmp_path / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, "The", "Movie", "the", "movie"]) + "\n")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    with caplog.at_level("WARNING"):
+        assert Vocab.read(tmp_path).lowercase is True
+    assert "says do_lower_case: true, but its vocabulary is cased: the vocabulary's capitalised pieces are never used" \
+        in caplog.text
+
+
 def test_a_do_lower_case_that_is_not_a_boolean_is_refused_naming_the_file(tmp_path):
     # A hand-written "false" is a string, and truthy: read either way it could case a cased model's text.
     from pipeline.vocab import declared_lowercase
