@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +67,21 @@ _READ_BY = {
 }
 
 
-def refuse_unread_flags(cfg: FinetuneConfig, given: list[str]) -> None:
+def refuse_unread_flags(cfg: FinetuneConfig, given: list[str], in_config: list[str] = (), config: str = "") -> None:
+    """Refuse a setting given by flag (or `--set`) that this run does not read; warn of one in the --config
+    file, which runs of several tasks may share."""
     from launch.config_flags import flag_of
     from launch.finetune.finetune_config import canonical_task
 
     task = canonical_task(cfg.task)
+    run = f"this run ({cfg.task}{', fine-tuning' if not cfg.feature_based else ''}) does not read"
     for key in given:
         if key in _READ_BY and not _READ_BY[key][1](cfg, task):
-            raise CliError(f"{flag_of(key)} applies to {_READ_BY[key][0]} only; this run ({cfg.task}"
-                           f"{', fine-tuning' if not cfg.feature_based else ''}) does not read it: drop it")
+            raise CliError(f"{flag_of(key)} applies to {_READ_BY[key][0]} only; {run} it: drop it")
+    for key in in_config:
+        if key in _READ_BY and not _READ_BY[key][1](cfg, task):
+            logging.getLogger(__name__).warning("--config %s: %s applies to %s only; %s it", config, key,
+                                                _READ_BY[key][0], run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging()
     cfg = config_from_args(args)
-    refuse_unread_flags(cfg, list(given_flags(args)))
+    from launch.config import load_yaml
+
+    # `--set key=value` is a flag by another name: refused alike (it got past this check, and did nothing).
+    given = list(given_flags(args)) + [form.partition("=")[0].strip() for form in args.overrides]
+    refuse_unread_flags(cfg, given, list(load_yaml(args.config)) if args.config else [], args.config)
     from launch.finetune.runner import finetune
 
     from pipeline.output_lock import OutputLock

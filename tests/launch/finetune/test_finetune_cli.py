@@ -216,6 +216,7 @@ def _error(argv: list[str], capsys) -> str:
     (["--doc-stride", "64"], "--doc-stride applies to squad only"),
     (["--lstm-hidden", "64"], "--lstm-hidden applies to --feature-based only"),
     (["--feature-lr", "1e-4"], "--feature-lr applies to --feature-based only"),
+    (["--set", "n_best=5"], "--n-best applies to squad only"),  # --set got past the check, and did nothing
 ])
 def test_a_flag_this_run_does_not_read_is_refused_not_ignored(tmp_path, capsys, flags, said):
     # Each ran to the end without a word, as if the flag had been used (--doc-context and --layers said so).
@@ -223,6 +224,17 @@ def test_a_flag_this_run_does_not_read_is_refused_not_ignored(tmp_path, capsys, 
                   str(tmp_path / "o"), *flags], capsys)
     assert said in err and "this run (sst2, fine-tuning) does not read it: drop it" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_setting_in_the_config_file_this_run_does_not_read_is_named_in_a_warning(tmp_path, capsys):
+    # A --config file may be shared by runs of several tasks: said, not refused (it was ignored without a word).
+    config = tmp_path / "shared.yaml"
+    config.write_text("text_column: review\ndoc_stride: 64\nlr: 1.0e-4\n")
+    err = _error(["finetune", "--task", "sst2", "--data-dir", str(GLUE), "--checkpoint", str(tmp_path), "--out",
+                  str(tmp_path / "o"), "--config", str(config)], capsys)
+    for key, who in (("text_column", "classify, regress and tag"), ("doc_stride", "squad")):
+        assert f"--config {config}: {key} applies to {who} only; this run (sst2, fine-tuning) does not read it" in err
+    assert "holds no BERT" in err.strip().splitlines()[-1]  # the run went on to its next check
 
 
 def test_refuses_a_directory_without_bert(tmp_path, capsys):
