@@ -149,6 +149,17 @@ def differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> d
     return out
 
 
+def missing_keys(tree: dict[str, Any], full: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of `full` (a whole `to_dict` tree) that `tree` lacks; mapping fields are one value."""
+    out: list[str] = []
+    for key, value in full.items():
+        if key not in tree:
+            out.append(f"{prefix}{key}")
+        elif isinstance(value, dict) and isinstance(tree[key], dict) and key != "fields":
+            out += missing_keys(tree[key], value, f"{prefix}{key}.")
+    return out
+
+
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     """`["optim.lr=1e-4", "zero.stage=2"]` -> nested dict; values parsed as YAML scalars/lists."""
     tree: dict[str, Any] = {}

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from launch.config import preset_names
+from launch.config import load_yaml, missing_keys, preset_names, to_dict
 from launch.config_flags import add_config_flags, config_from_args, out_dir, warn_deprecated
 from launch.log import global_rank, setup_logging
 from launch.pretrain.pretrain_config import PretrainConfig
@@ -55,7 +55,15 @@ def load_run_config(args: argparse.Namespace) -> PretrainConfig:
             raise ValueError(f"pass --config PRESET_OR_YAML (presets: {', '.join(preset_names())})")
         config = saved
     warn_deprecated("pretrain", args.overrides, PretrainConfig)
-    return config_from_args(args, PretrainConfig, legacy=args.overrides, preset=True, config_file=config)
+    cfg = config_from_args(args, PretrainConfig, legacy=args.overrides, preset=True, config_file=config)
+    if args.config is None:  # RUN/config.yaml, which bertpipe writes whole: one that lacks keys was cut short
+        missing = missing_keys(load_yaml(config), to_dict(PretrainConfig()))
+        if missing:  # and its cut value (beta1: 0.9 -> 0), and the defaults for what went, would be the run's
+            raise ValueError(
+                f"{config} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}, which bertpipe writes "
+                "there: cut short (an interrupted copy of the run?) or written by an older bertpipe; restore it, or "
+                "resume with --config and the run's flags (its settings: checkpoints/<tag>/bertpipe.json)")
+    return cfg
 
 
 @contextlib.contextmanager

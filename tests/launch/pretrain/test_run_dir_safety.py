@@ -294,16 +294,20 @@ def test_resume_with_new_optimizer_settings_and_more_steps_uses_them_from_its_fi
     assert [g["betas"] for g in groups] == [(0.9, 0.98)] * 2 and [g["weight_decay"] for g in groups] == [0.01, 0.0]
 
 
-def test_a_config_yaml_cut_short_since_is_named_on_resume_not_taken_silently(run, small_corpus, tmp_path):
-    """RUN/config.yaml cut before its `checkpoint:` section (an interrupted copy of the run) still parses, and the
-    resume took the defaults for what was cut (saving every 1,000 steps, not 2) without a word."""
+def test_a_config_yaml_cut_short_since_is_refused_on_resume_in_one_line_naming_it(run, small_corpus, tmp_path):
+    """RUN/config.yaml cut short (an interrupted copy of the run) still parses: the resume took the defaults for
+    what was cut (saving every 1,000 steps, not 2), and a value cut mid-way (beta1: 0.9 -> 0) as the run's,
+    with one warning that did not name the file, and saved them into its next checkpoint."""
     out = copy_run(run, tmp_path / "run")
-    lines = (out / "config.yaml").read_text().splitlines(keepends=True)
-    (out / "config.yaml").write_text("".join(lines[:next(i for i, l in enumerate(lines) if l.startswith("checkpoint:"))]))
-    done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", "--max-steps", "9", "--resume")
-    assert done.returncode == 0, done.stderr[-3000:]
-    for said in ("checkpoint.save_every 2 there, 1000 now", "log.eval_every 0 there, 500 now"):
-        assert said in done.stderr, done.stderr[-3000:]
+    text = (out / "config.yaml").read_text()
+    for cut in (text[:text.index("checkpoint:")], text[:text.index("beta1: 0.9") + len("beta1: 0")]):
+        (out / "config.yaml").write_text(cut)
+        done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", "--max-steps", "9", "--resume")
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert f"{out / 'config.yaml'} lacks " in last and "which bertpipe writes there: cut short" in last, last
+        assert (out / "config.yaml").read_text() == cut  # nothing ran, nothing rewritten
+        assert not (out / "checkpoints" / "global_step9").exists()
 
 
 def test_metadata_that_does_not_parse_names_its_file(run, tmp_path):
