@@ -1,5 +1,6 @@
 """CoNLL-2003 English NER: `word POS chunk NER` per line, blank line between sentences, `-DOCSTART-`
-lines between documents (files `train.txt`, `dev.txt`/`valid.txt`/`eng.testa`, `test.txt`/`eng.testb`).
+lines between documents (files `train.txt`, `dev.txt`/`valid.txt`/`eng.testa`, `test.txt`/`eng.testb`: one of
+each, all in one folder).
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from launch.finetune.examples import DataError, SkipCounter, TaggedExample, in_documents, text_lines
+from launch.finetune.examples import DataError, SkipCounter, SplitFiles, TaggedExample, in_documents, text_lines
 
 logger = logging.getLogger(__name__)
 
@@ -17,16 +18,12 @@ FILES = {
     "dev": ("dev.txt", "valid.txt", "eng.testa"),
     "test": ("test.txt", "eng.testb"),
 }
+FOLDER = SplitFiles("CoNLL-2003", ("conll2003", "CoNLL-2003"), FILES)
 
 
 def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
-    for base in (data_dir / "conll2003", data_dir / "CoNLL-2003", data_dir):
-        for name in FILES[split]:
-            if (base / name).is_file():
-                return base / name
-    if required:
-        raise DataError(f"missing the CoNLL-2003 {split} split: none of {list(FILES[split])} in {data_dir}")
-    return None
+    """`split`'s file in DIR/conll2003/, DIR/CoNLL-2003/ or DIR, whichever holds the task's files (`SplitFiles`)."""
+    return FOLDER.find(data_dir, split, required=required)
 
 
 def read_conll(path: Path, *, skips: SkipCounter | None = None) -> list[TaggedExample]:

@@ -110,12 +110,82 @@ class SkipCounter:
         if len(self.where) < 5:
             self.where.append(f"{path.name}:{line} ({why})")
 
+    def refuse(self, path: Path, why: str) -> None:
+        """Stop on the lines of `path` skipped since the last `log`, where every line is needed: a test file a
+        leaderboard scores whole (one skipped line shifts every later prediction). `why` says who needs them."""
+        if self.count > self.logged:
+            raise DataError(f"{path}: {self.count - self.logged} malformed line(s), e.g. {self.where[0]}; {why}: fix them")
+
     def log(self, what: str) -> None:
         if self.count > self.logged:
             logger.warning("%s: skipped %d malformed line(s), e.g. %s", what, self.count - self.logged,
                            "; ".join(self.where))
         self.logged = self.count
         self.where = []
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """Where a task keeps its split files: DIR itself or one of its subfolders named for the task
+    (`DIR/conll2003/`), under a few accepted names per split.
+
+    One folder holds them all: the one of those that holds any of the task's files, so no split is ever read
+    from another folder than the rest (a stray `DIR/train.txt` beside `DIR/conll2003/`). Two folders holding
+    such files are refused, as are two files for one split (`dev.txt` and `valid.txt`): either way one would
+    be read and the other ignored without a word.
+    """
+
+    what: str  # the task, as messages name it: "CoNLL-2003"
+    subfolders: tuple[str, ...]  # DIR/<name>/ as the task's downloads name it
+    names: dict[str, tuple[str, ...]]  # split -> the file names accepted for it
+    pattern: str = ""  # e.g. "{split}*.json": one such file stands for the split when none of its names is there
+
+    def find(self, data_dir: Path, split: str, *, required: bool) -> Path | None:
+        folder = self.folder(data_dir)
+        found = self._files(folder, split) if folder is not None else []
+        if len(found) > 1:
+            raise DataError(f"{folder} holds {_listed(p.name for p in found)} for the {self.what} {split} split; "
+                            "keep one of them there")
+        if found:
+            return found[0]
+        if required:
+            names = f"{list(self.names[split])}" + (f" (or one {self.pattern.format(split=split)})" if self.pattern else "")
+            where = folder or _listed([str(data_dir)] + [f"{data_dir / s}/" for s in self.subfolders], "or")
+            raise DataError(f"missing the {self.what} {split} split: none of {names} in {where}")
+        return None
+
+    def folder(self, data_dir: Path) -> Path | None:
+        """The one folder, DIR or a task subfolder, that holds any of the task's files; None if none does."""
+        candidates: list[Path] = []
+        for folder in [data_dir / s for s in self.subfolders] + [data_dir]:
+            if folder.is_dir() and not any(_same(folder, c) for c in candidates):  # SWAG/ is swag/ on macOS
+                candidates.append(folder)
+        holding = [(folder, [p.name for s in self.names for p in self._files(folder, s)]) for folder in candidates]
+        holding = [(folder, names) for folder, names in holding if names]
+        if len(holding) > 1:
+            (a, in_a), (b, in_b) = holding[:2]
+            raise DataError(f"{a} holds {self.what} files ({', '.join(in_a)}) and so does {b} ({', '.join(in_b)}); "
+                            "keep them in one of the two folders, so that every split is read from the same one")
+        return holding[0][0] if holding else None
+
+    def _files(self, folder: Path, split: str) -> list[Path]:
+        named = [folder / n for n in self.names[split] if (folder / n).is_file()]
+        if named or not self.pattern:
+            return named
+        return sorted(p for p in folder.glob(self.pattern.format(split=split)) if p.is_file())
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
+
+
+def _listed(items, last: str = "and") -> str:
+    """`a and b`, `a, b and c`."""
+    items = list(items)
+    return f" {last} ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} {last} {items[-1]}"
 
 
 def finite_score(raw) -> float:

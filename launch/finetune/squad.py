@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from launch.finetune.examples import DataError, QAExample
+from launch.finetune.examples import DataError, QAExample, SplitFiles
 
 logger = logging.getLogger(__name__)
 
@@ -31,19 +31,13 @@ FILES = {"train": ("train-v1.1.json", "train.json"), "dev": ("dev-v1.1.json", "d
 
 # ---- reading -------------------------------------------------------------------------------------
 
+FOLDER = SplitFiles("SQuAD", ("squad", "SQuAD"), FILES, pattern="{split}*.json")  # e.g. dev-v1.1-subset.json
+
+
 def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
-    for base in (data_dir / "squad", data_dir / "SQuAD", data_dir):
-        for name in FILES[split]:
-            if (base / name).is_file():
-                return base / name
-        if base.is_dir():
-            # e.g. `dev-v1.1-subset.json`: accept one unambiguous `<split>*.json`
-            hits = sorted(base.glob(f"{split}*.json"))
-            if len(hits) == 1:
-                return hits[0]
-    if required:
-        raise DataError(f"missing the SQuAD {split} split: none of {list(FILES[split])} (or one {split}*.json) in {data_dir}")
-    return None
+    """`split`'s file in DIR/squad/, DIR/SQuAD/ or DIR, whichever holds the task's files (`SplitFiles`): one of
+    FILES' names, or when none is there one `<split>*.json`."""
+    return FOLDER.find(data_dir, split, required=required)
 
 
 def _text(value: object, what: str, path: Path, article: int) -> str:

@@ -8,20 +8,18 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from launch.finetune.examples import ChoiceExample, DataError, SkipCounter, column_index, read_delimited
+from launch.finetune.examples import ChoiceExample, DataError, SkipCounter, SplitFiles, column_index, read_delimited
 
 FILES = {"train": ("train.csv",), "dev": ("val.csv", "dev.csv"), "test": ("test.csv",)}
 NUM_CHOICES = 4
+FOLDER = SplitFiles("SWAG", ("SWAG", "swag"), FILES)
+# SWAG's leaderboard scores the test file whole: one row left out shifts every later prediction
+TEST_ROWS = "the SWAG leaderboard takes a submission only with a prediction for every test line"
 
 
 def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
-    for base in (data_dir / "SWAG", data_dir / "swag", data_dir):
-        for name in FILES[split]:
-            if (base / name).is_file():
-                return base / name
-    if required:
-        raise DataError(f"missing the SWAG {split} split: none of {list(FILES[split])} in {data_dir}")
-    return None
+    """`split`'s file in DIR/SWAG/, DIR/swag/ or DIR, whichever holds the task's files (`SplitFiles`)."""
+    return FOLDER.find(data_dir, split, required=required)
 
 
 def read_swag(path: Path, *, labelled: bool, skips: SkipCounter | None = None) -> list[ChoiceExample]:
@@ -48,5 +46,7 @@ def read_swag(path: Path, *, labelled: bool, skips: SkipCounter | None = None) -
                 raise DataError(f"{path}:{line}: unknown label {raw!r}; SWAG labels are 0..{NUM_CHOICES - 1}")
             label = int(raw)
         out.append(ChoiceExample(fields[id_col], fields[sent1], fields[sent2], tuple(fields[i] for i in endings), label))
+    if not labelled:  # a test file: a skipped line is refused, as in GLUE's test files
+        skips.refuse(path, TEST_ROWS)
     skips.log(str(path))
     return out
