@@ -85,7 +85,8 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
 
     Writers report these in different ways: an OSError (Python), "(os error 28)" (safetensors, in Rust),
     Beam's wrapped text, or a RuntimeError from torch's C++ stream ("iostream error", "unexpected pos"),
-    which never says why: for those the file system is asked for its free space.
+    which never says why: for those the file system is asked for its free space, and the file written last
+    is compared with this process's file-size limit (`ulimit -f`).
     """
     import os
     import re
@@ -108,6 +109,13 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
                                                       errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
     # torch's C++ stream, and numpy's short write ("N requested and M written"), say no errno.
     opaque = any(words in text for words in ("iostream error", "file write failed", "unexpected pos", "requested and"))
+    again = "then run the same command again"
+    at_limit = _file_at_size_limit(named or path) if code in (None, errno.EFBIG) and not said and (
+        opaque or code == errno.EFBIG) else None
+    if at_limit is not None:  # torch's stream and numpy say no errno, and EFBIG alone may be a FAT32 disk's 4 GiB
+        file, limit = at_limit
+        return (f"file too large while writing {file}: it reached this process's file-size limit of {limit} bytes "
+                f"(`ulimit -f`); raise it (`ulimit -f unlimited`), {again}")
     if code is None and not said and (opaque or isinstance(err, OSError)):
         try:
             probe = where
@@ -117,8 +125,7 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
                 code = errno.ENOSPC
         except OSError:
             pass
-    again = "then run the same command again"
-    if code is not None and named is None and path is not None and os.path.isdir(str(path)):
+    if (code is not None or opaque and not said) and named is None and path is not None and os.path.isdir(str(path)):
         # A write's error names no file (Path.write_text, safetensors): the one written last is most likely it,
         # if this process wrote it (an export's partial folder is gone by now; what is left is the earlier one's).
         newest = _newest_file(str(path), since=PROCESS_STARTED)
@@ -137,9 +144,28 @@ def disk_full_message(err: BaseException, path: object) -> str | None:
     return None
 
 
-def _newest_file(folder: str, since: float, limit: int = 10_000) -> str | None:
+def _file_at_size_limit(path: object) -> tuple[str, int] | None:
+    """(the file, the limit) when `path`, or the newest file under it written by this process, is exactly as
+    large as this process's file-size limit (`ulimit -f`, RLIMIT_FSIZE's soft value): the write past it failed
+    with EFBIG (SIGXFSZ, which would kill the process, is ignored by Python). None without a limit or such a file."""
+    import os
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY or path is None:
+        return None
+    if os.path.isdir(str(path)):
+        file = _newest_file(str(path), since=PROCESS_STARTED, size=limit)
+        return (file, limit) if file else None
+    try:
+        return (str(path), limit) if os.path.getsize(str(path)) == limit else None
+    except OSError:
+        return None
+
+
+def _newest_file(folder: str, since: float, limit: int = 10_000, size: int | None = None) -> str | None:
     """The most recently modified file under `folder` (the first `limit` files looked at), if modified at or
-    after `since` (a time.time()), else None."""
+    after `since` (a time.time()), else None; with `size`, of the files of that many bytes."""
     import os
 
     best, seen = (None, int(since * 1e9) - 1), 0
@@ -147,9 +173,10 @@ def _newest_file(folder: str, since: float, limit: int = 10_000) -> str | None:
         for name in files:
             path = os.path.join(root, name)
             try:
-                mtime = os.stat(path).st_mtime_ns
+                stat = os.stat(path)
             except OSError:
                 continue
+            mtime = stat.st_mtime_ns if size is None or stat.st_size == size else -1
             best = max(best, (path, mtime), key=lambda b: b[1])
             seen += 1
             if seen >= limit:

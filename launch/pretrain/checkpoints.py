@@ -182,18 +182,51 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
         env = {k: v for k, v in os.environ.items() if k != NO_FORCE_WEIGHTS_ONLY} | {FORCE_WEIGHTS_ONLY: "1"}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode != 0:
-            raise ValueError(f"converting {ckpt_dir / tag} to a universal checkpoint failed:\n{done.stderr[-2000:]}\n"
-                             f"resume with the original number of processes instead")
-        for name in (META, "vocab.txt"):
-            shutil.copyfile(ckpt_dir / tag / name, tmp / name)
-        record = {"source_meta_sha256": sha256_file(ckpt_dir / tag / META), "files": file_records(tmp)}
-        write_text_atomic(tmp / UNIVERSAL_RECORD, json.dumps(record, indent=2, sort_keys=True))
+            _converter_failed(done, ckpt_dir / tag, tmp)
+        try:
+            for name in (META, "vocab.txt"):
+                shutil.copyfile(ckpt_dir / tag / name, tmp / name)
+            record = {"source_meta_sha256": sha256_file(ckpt_dir / tag / META), "files": file_records(tmp)}
+            write_text_atomic(tmp / UNIVERSAL_RECORD, json.dumps(record, indent=2, sort_keys=True))
+        except OSError as err:  # the disk filled up after the converter's own files: said, then freed
+            _cleared(err, tmp)
+            raise
         os.replace(tmp, ckpt_dir / universal)
     check_tensor_files(ckpt_dir / universal)
     return universal
 
 
 UNIVERSAL_RECORD = "bertpipe_universal.json"  # in a converted folder: its source and its files
+
+
+def _cleared(err: BaseException, tmp: Path) -> None:
+    """Delete the partial conversion `tmp`; first, if `err` is a write that did not fit there, raise it as
+    `WriteDidNotFit` in one line (said while the partial files are there to name and measure)."""
+    from launch.errors import WriteDidNotFit, disk_full_message
+
+    full = disk_full_message(err, tmp) if tmp.is_dir() else None
+    shutil.rmtree(tmp, ignore_errors=True)
+    if full is not None:
+        raise WriteDidNotFit(full) from None
+
+
+def _converter_failed(done: subprocess.CompletedProcess, source: Path, tmp: Path) -> None:
+    """Raise the one line for a failed `ds_to_universal` (its stderr is a runpy warning, progress bars and a
+    traceback): a write that did not fit in `tmp` is a fault (`WriteDidNotFit`, exit 1: free space and resume
+    again), said while its partial files are the evidence and then deleted so that they do not keep the disk
+    full; anything else is the converter's own last line, a ValueError."""
+    import signal
+
+    lines = [line.strip() for line in done.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    # The exception's own line ends its traceback; progress bars ("it/s]") and log lines are not it.
+    last = next((line for line in reversed(lines) if "it/s]" not in line and "%|" not in line), None)
+    if done.returncode < 0:
+        last = f"killed by {signal.Signals(-done.returncode).name}" + (f" after: {last}" if last else "")
+    said = RuntimeError(last or "")
+    said.__cause__ = RuntimeError("\n" + done.stderr[-4000:])  # looked through for an errno or a word, not quoted
+    _cleared(said, tmp)
+    raise ValueError(f"converting {source} to a universal checkpoint failed ({last or f'exit {done.returncode}'}); "
+                     f"resume with the original number of processes instead")
 
 
 def _stale_conversion(ckpt_dir: Path, tag: str, universal: str) -> str | None:
