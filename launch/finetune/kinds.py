@@ -39,6 +39,7 @@ class TaskData:
     evals: list[Split]
     labels: tuple[str, ...] | None = None  # class names; None for regression / QA / choice
     extra: dict[str, Any] = field(default_factory=dict)
+    train_unused: int = 0  # training examples featurize could not use (SQuAD: the answer not at its answer_start)
 
 
 class Task:
@@ -268,6 +269,8 @@ class QATask(Task):
     def featurize(self, examples, tokenizer, cfg, data, training):
         feats, skipped = squad.build_features(examples, tokenizer, max_seq_len=cfg.max_seq_len, doc_stride=cfg.doc_stride,
                                               max_query_length=cfg.max_query_length, training=training)
+        if training:
+            data.train_unused = len(skipped)
         if skipped:
             logger.warning("squad: %d training question(s) skipped: the answer text is not at its answer_start "
                            "(a character offset into the context), e.g. %s", len(skipped), ", ".join(skipped[:5]))

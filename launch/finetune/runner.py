@@ -155,7 +155,7 @@ class Finetuner:
         self.eval_feats = [self.task.featurize(s.examples, self.tokenizer, cfg, self.data, training=False)
                            for s in self.data.evals]
         logger.info("%s: %d train examples (%d features), evals %s; featurised in %.1fs", self.task.name,
-                    len(self.data.train), len(self.train_feats),
+                    len(self.data.train) - self.data.train_unused, len(self.train_feats),
                     ", ".join(f"{s.name}={len(s.examples)}" for s in self.data.evals), time.perf_counter() - t0)
         self.load_model()
 
@@ -328,7 +328,9 @@ class Finetuner:
         # train_seconds is training alone: the per-epoch dev evaluations are eval_seconds.
         return {"train_loss": losses[-1], "train_seconds": time.perf_counter() - t0 - eval_seconds,
                 "eval_seconds": eval_seconds, "train_steps": steps,
-                "train_examples": len(self.data.train), **self.train_stats()}
+                "train_examples": len(self.data.train) - self.data.train_unused,  # those it trained on
+                **({"train_examples_unused": self.data.train_unused} if self.data.train_unused else {}),
+                **self.train_stats()}
 
     # -- evaluation ----------------------------------------------------------------------------------------
 

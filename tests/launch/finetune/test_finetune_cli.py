@@ -171,6 +171,22 @@ def test_squad_where_no_answer_is_at_its_offset_stops_instead_of_training_nothin
     assert "not at its answer_start (a character offset into the context), e.g. 56ddde6b9a695914005b9628, " in err
 
 
+def test_squad_counts_as_trained_only_the_questions_it_could_use(tiny_checkpoint, tmp_path, capsys):
+    # metrics.json said train_examples 5 where 4 of the 5 were skipped (answer not at its offset) and 1 trained.
+    moved = []
+
+    def some_off(qa):
+        if len(moved) < 4:
+            moved.append(qa["id"])
+            qa["answers"] = [{**a, "answer_start": a["answer_start"] + 3} for a in qa["answers"]]
+
+    data = _squad_dir(tmp_path, some_off)
+    total = sum(len(p["qas"]) for p in json.loads((data / "train-v1.1.json").read_text())["data"][0]["paragraphs"])
+    m = finetune("squad", data, tiny_checkpoint, tmp_path / "out", "--max-seq-len", "64", "--no-save-model")
+    assert m["train_examples"] == total - 4 and m["train_examples_unused"] == 4, (m, total)
+    assert f"squad: {total - 4} train examples (" in capsys.readouterr().err
+
+
 def test_squad_question_ids_are_unique(tiny_checkpoint, tmp_path, capsys):
     def same_id(qa):
         qa["id"] = "one-id-for-all"
