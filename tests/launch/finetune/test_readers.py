@@ -287,31 +287,24 @@ def test_user_tsv_stray_quote_is_text_and_csv_one_names_its_first_line(tmp_path,
     assert "train.csv: 1 record(s) run over several lines" in caplog.text and "lines 4-101" in caplog.text
 
 
-def test_user_jsonl_null_and_list_values_are_malformed_not_text(tmp_path):
-    (tmp_path / "train.jsonl").write_text('{"text": "fine", "label": "a"}\n{"text": null, "label": "b"}\n'
-                                          '{"text": ["x", "y"], "label": "b"}\n{"text": "ok", "label": null}\n')
+@pytest.mark.parametrize("train, said, kept", [
+    ('{"text": "fine", "label": "a"}\n{"text": null, "label": "b"}\n{"text": ["x", "y"], "label": "b"}\n'
+     '{"text": "ok", "label": null}\n', r"train.jsonl:2: key\(s\) \['text'\] hold null, not text", ["a"]),
+    # Python's json writes a missing value as NaN and reads it back: a NaN label became a third class "nan"
+    # (binary F1 and MCC gone from metrics.json), and NaN text the word "nan".
+    ('{"text": "good", "label": "a"}\n{"text": "bad", "label": "b"}\n{"text": "meh", "label": NaN}\n'
+     '{"text": NaN, "label": "a"}\n{"text": ["a", Infinity], "label": ["O", "O"]}\n',
+     r"train.jsonl:3: holds NaN, which is not JSON", ["a", "b"]),
+])
+def test_user_jsonl_null_nan_and_list_values_are_malformed_not_text_or_a_class(tmp_path, train, said, kept):
+    (tmp_path / "train.jsonl").write_text(train)
     (tmp_path / "dev.jsonl").write_text('{"text": "fine", "label": "a"}\n')
-    with pytest.raises(DataError, match=r"train.jsonl:2: key\(s\) \['text'\] hold null, not text"):
+    with pytest.raises(DataError, match=said):
         load("classify", tmp_path)
     skips = SkipCounter(allow=True)
     rows = userdata.read_text_split(tmp_path / "train.jsonl", userdata.Columns(), labelled=True, regression=False,
                                     skips=skips)
-    assert [ex.text_a for _, ex in rows] == ["fine"] and skips.count == 3
-
-
-def test_user_jsonl_nan_and_infinity_are_malformed_not_a_class_or_text(tmp_path):
-    # Python's json writes a missing value as NaN and reads it back: a NaN label became a third class
-    # "nan" (binary F1 and MCC gone from metrics.json), and NaN text the word "nan".
-    (tmp_path / "train.jsonl").write_text('{"text": "good", "label": "pos"}\n{"text": "bad", "label": "neg"}\n'
-                                          '{"text": "meh", "label": NaN}\n{"text": NaN, "label": "pos"}\n'
-                                          '{"text": ["a", Infinity], "label": ["O", "O"]}\n')
-    (tmp_path / "dev.jsonl").write_text('{"text": "fine", "label": "pos"}\n')
-    with pytest.raises(DataError, match=r"train.jsonl:3: holds NaN, which is not JSON"):
-        load("classify", tmp_path)
-    skips = SkipCounter(allow=True)
-    rows = userdata.read_text_split(tmp_path / "train.jsonl", userdata.Columns(), labelled=True, regression=False,
-                                    skips=skips)
-    assert [ex.label for _, ex in rows] == ["pos", "neg"] and skips.count == 3
+    assert [ex.label for _, ex in rows] == kept and skips.count == 3
 
 
 def test_files_that_are_not_utf8_are_named(tmp_path):
