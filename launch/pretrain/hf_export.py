@@ -81,8 +81,8 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str, meta: dict[str, Any]) -> d
         # No ZeRO and fp32: the module state in the model file *is* the master copy.
         state = load_checkpoint_file(ckpt_dir / tag / "mp_rank_00_model_states.pt")
         return {k: v.float() for k, v in state["module"].items()}
-    if any((ckpt_dir / tag).glob(BF16_OPTIM_FILES)):
-        return _bf16_optimizer_master(ckpt_dir / tag)
+    if meta.get("zero_stage", 0) < 3 and any((ckpt_dir / tag).glob(BF16_OPTIM_FILES)):
+        return _bf16_optimizer_master(ckpt_dir / tag)  # ZeRO-3 names its bf16 files alike; zero_to_fp32 reads those
     from deepspeed.utils import zero_to_fp32
 
     # zero_to_fp32 prints what it does ("Processing zero checkpoint ...": five lines, and tqdm progress bars

@@ -453,6 +453,29 @@ def test_a_bf16_zero1_run_on_two_processes_exports_its_fp32_master_weights(small
                            module["bert.embeddings.word.weight"].float())  # more than bf16 holds
 
 
+def test_a_bf16_zero3_run_exports_its_fp32_master_weights(small_corpus, tmp_path):
+    # ZeRO-3 names its bf16 optimizer files as BF16_Optimizer does, and export took them for those: it read the
+    # mp_rank_00_model_states.pt that ZeRO-3 never writes, and no export, finetune, features or init_from ran.
+    import torch
+    from deepspeed.utils import zero_to_fp32
+    from safetensors.torch import load_file
+
+    from launch.pretrain.hf_export import safe_deepspeed_loads
+
+    run = tmp_path / "bf16z3"
+    run_ok(pretrain_cmd(small_corpus, run, 1, 3, "precision.dtype=bf16", "--max-steps", "2", "--save-every", "0"),
+           tmp_path / "bf16z3.log")
+    folder = run / "checkpoints" / "global_step2"
+    assert list(folder.glob("bf16_zero_pp_rank_*_optim_states.pt")) and not (folder / "mp_rank_00_model_states.pt").exists()
+    run_ok([str(BERTPIPE), "export", str(run), "--out", str(tmp_path / "hf")], tmp_path / "export.log")
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    with safe_deepspeed_loads(folder):
+        master = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag="global_step2")
+    word = exported["bert.embeddings.word_embeddings.weight"]
+    assert word.dtype == torch.float32 and torch.equal(word, master["bert.embeddings.word.weight"])
+    assert not torch.equal(word, word.bfloat16().float())  # the fp32 masters, more than bf16 holds
+
+
 @pytest.mark.slow
 def test_init_from_a_phase1_run_starts_from_its_weights_with_a_fresh_schedule_and_loader(
         small_corpus, reference, tmp_path):
