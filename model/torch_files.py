@@ -47,6 +47,8 @@ def load_torch_file(path: str | Path, allowed_globals: tuple[Any, ...] = (), map
 
 
 def _not_tensors(path: Path, err: BaseException) -> ValueError:
+    if isinstance(err, FileNotFoundError):  # not "truncated": there is no such file
+        return ValueError(f"{path} does not exist")
     line = (str(err).splitlines() or [""])[0][:200]
     detail = f"{type(err).__name__}: {line}" if line else type(err).__name__
     return ValueError(f"{path} is truncated or not a PyTorch tensor file ({detail})")

@@ -169,6 +169,10 @@ def test_a_legacy_pickle_file_and_a_cut_short_file_are_refused_in_one_line(tmp_p
         for check in (check_torch_file, load_torch_file):
             with pytest.raises(ValueError, match=rf"cut.pt is truncated or not a PyTorch tensor file \({detail}"):
                 check(cut)
+    cut.unlink()  # a file that is not there is said so, not "truncated"
+    for check in (check_torch_file, load_torch_file):
+        with pytest.raises(ValueError, match=r"cut.pt does not exist$"):
+            check(cut)
     assert not marker.exists()
 
 
