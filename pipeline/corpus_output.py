@@ -33,8 +33,8 @@ DEAD_LETTER = "dead_letter"
 OWN_NAMES = ("manifest.json", TMP, DEAD_LETTER, "vocab.txt")
 # The names a corpus gives its shards (`pipeline.shards.shard_name`), and its dead letters and Beam's temp
 # folder for them inside dead_letter/: other files there are the user's, and stay.
-SHARD_NAME = re.compile(r"(?:train|heldout)-\d{5}-of-\d{5}\.(?:arrow|parquet)")
-DEAD_LETTER_NAME = re.compile(r"dead_letter-\d{5}-of-\d{5}\.jsonl|beam-temp-dead_letter-\w+")
+SHARD_NAME = re.compile(r"(?:train|heldout)-\d{5,}-of-\d{5,}\.(?:arrow|parquet)")  # {5,}: 100,000 shards and more
+DEAD_LETTER_NAME = re.compile(r"dead_letter-\d{5,}-of-\d{5,}\.jsonl|beam-temp-dead_letter-\w+")
 
 
 def is_remote(path: str) -> bool:

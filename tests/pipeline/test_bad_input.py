@@ -494,3 +494,18 @@ def test_a_rerun_killed_while_it_deletes_the_earlier_corpus_is_still_ours_to_the
         assert cli.main(argv) == 0, n
         (out / ".bertpipe-tmp").mkdir()
     assert n > 3  # every entry was tried
+
+
+def test_an_unfinished_corpus_of_100000_shards_or_more_is_cleared_as_ours(tmp_path, data_dir):
+    # shard_name pads to 5 digits, so 100,000 shards have 6: a rerun after an interrupt refused them as the user's.
+    from pipeline import corpus_output
+    from pipeline.shards import shard_name
+
+    out = tmp_path / "many"
+    (out / ".bertpipe-tmp").mkdir(parents=True)
+    names = [shard_name("train", i, 100_000, "arrow") for i in (0, 366, 99_999)] + [shard_name("heldout", 0, 7, "arrow")]
+    for name in names:
+        (out / name).write_bytes(b"shard")
+    vocab_text = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text()
+    corpus_output.clear_previous_output(str(out), None, vocab_text)
+    assert not any((out / name).exists() for name in names) and list(out.iterdir()) == []
