@@ -17,6 +17,7 @@ Formats:
   `id` (if present) names the document.
 - `wikiextractor`: WikiExtractor's default output: `<doc id=.. url=.. title=..>` blocks, the title
   on the first line, then one paragraph per line, up to `</doc>`.
+Under `--format auto` each file's format is sniffed (`pipeline.format_sniffing`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Union
 
 from pipeline.decompress import CorruptStream, TrailingBytes, decompressed_chunks, unsupported_compression
+from pipeline.format_sniffing import DOC_OPEN, JSON_ARRAY, named_jsonl, sniff_format, why_not_text
 from pipeline.wikitext import parse_page, wikitext_to_paragraphs
 
 log = logging.getLogger(__name__)
@@ -38,11 +40,14 @@ BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark, written by Notepad and some expo
 
 @dataclass(frozen=True)
 class RawDocument:
-    """`segments` are paragraphs to be split into sentences, or sentences if `presplit`."""
+    """`segments` are paragraphs to be split into sentences, or sentences if `presplit`. `source` is the
+    input file's path, for a dead letter only (a document that tokenizes to nothing): nothing written from
+    the document depends on it, so the same file read from another folder gives the same shards."""
 
     doc_id: str
     segments: list[str]
     presplit: bool = False
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,66 +71,6 @@ class ReadStats:
 
 
 Record = Union[RawDocument, Skip]
-
-
-_JSON_ARRAY = re.compile(rb"\s*\[\s*\{")
-
-
-def sniff_format(sample: bytes) -> str:
-    """`wiki-xml`, `wikiextractor`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file."""
-    head = sample[:65536].decode("utf-8", errors="replace")
-    stripped = head.lstrip("\ufeff \t\r\n")
-    if stripped.startswith("<mediawiki") or ("<page>" in head and "<revision>" in head):
-        return "wiki-xml"
-    if _DOC_OPEN.match(stripped.split("\n", 1)[0].encode()):
-        return "wikiextractor"
-    if stripped.startswith("{"):
-        first = stripped.split("\n", 1)[0]
-        if "\n" not in stripped and re.match(r'\{\s*"', stripped):
-            # One record longer than the sample (a whole book per line in an HF export): an
-            # object with a string key is JSONL; parsing the cut-off line would fail.
-            return "jsonl"
-        try:
-            if isinstance(json.loads(first), dict):
-                return "jsonl"
-        except (ValueError, RecursionError):  # RecursionError: pathologically nested JSON
-            pass
-    lines = [ln.strip() for ln in head.split("\n")[:-1] if ln.strip()]
-    if len(lines) >= 5:
-        # One sentence per line: almost every line ends a sentence. Hard-wrapped prose: few do.
-        # Prose with one paragraph per line ends them too, but most of its lines hold several.
-        enders = sum(ln.endswith((".", "!", "?", '"', "'", "\u201d", ")")) for ln in lines)
-        paragraphs = sum(bool(_INNER_SENTENCE_END.search(ln)) for ln in lines)
-        if enders / len(lines) >= 0.8 and paragraphs / len(lines) < 0.5:
-            return "lines"
-    return "text"
-
-
-# A sentence ending inside a line, another starting: "... at Kellynch. Sir Walter ..."
-_INNER_SENTENCE_END = re.compile(r"\w[.!?][\"'\u201d)]?\s+[\"\u201c(]?[A-Z]")
-
-
-def _looks_utf16(head: bytes) -> bool:
-    """Mostly ASCII as UTF-16 without a byte-order mark: NUL in nearly every other byte, on one side."""
-    even, odd = head[0::2], head[1::2]
-    low, high = sorted((even.count(0) / max(len(even), 1), odd.count(0) / max(len(odd), 1)))
-    return high > 0.9 and low < 0.1  # the other side text: a tarball or zeros are NUL on both
-
-
-def why_not_text(sample: bytes) -> str | None:
-    """Why the first 8 KiB are not UTF-8 text (NUL bytes, or mostly undecodable bytes), or None."""
-    head = sample[:8192]
-    if not head:
-        return None
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or (b"\x00" in head and _looks_utf16(head)):
-        return "UTF-16 text (every other byte NUL); convert it to UTF-8: iconv -f utf-16 -t utf-8"
-    if b"\x00" in head:
-        return "NUL bytes in its first 8 KiB"
-    text = head.decode("utf-8", errors="replace")
-    if text.count("\ufffd") > 0.1 * len(text):
-        return ("over 10% of its first 8 KiB is not UTF-8; if it is text in another encoding (e.g. Latin-1), "
-                "convert it: iconv -f latin1 -t utf-8")
-    return None
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -173,12 +118,14 @@ def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, sta
         yield Skip(source, source, "binary_file", not_text)
         return
     how = "--format"
-    if fmt == "auto" and _JSON_ARRAY.match(first[:4096].lstrip(BOM)):
+    if fmt == "auto" and JSON_ARRAY.match(first[:4096].lstrip(BOM)):
         # `Dataset.to_json(lines=False)`, a JSON export: read as prose it became "} , { " id " ..." text.
         yield Skip(source, source, "json_array", "a JSON array of records: write it as JSON Lines, one object a line "
                    "(jq -c '.[]' FILE, or Dataset.to_json(path, lines=True))")
         return
-    if fmt == "auto":
+    if fmt == "auto" and named_jsonl(source):
+        fmt, how = "jsonl", "by its name"
+    elif fmt == "auto":
         fmt, how = sniff_format(first), "sniffed"
     log.info("reading %s as %s (%s)", source, fmt, how)
     stats.inc(f"files_{fmt.replace('-', '_')}")
@@ -279,7 +226,7 @@ def _wiki_page(page_xml: bytes, name: str, source: str, stats: ReadStats) -> Ite
             yield Skip(source, doc_id, "wikitext_parse_error", f"{type(err).__name__}: {str(err)[:200]}")
             return
         if paragraphs:
-            yield RawDocument(doc_id, _paragraphs_without_lone_surrogates(paragraphs, stats))
+            yield RawDocument(doc_id, _paragraphs_without_lone_surrogates(paragraphs, stats), source=source)
         else:
             yield Skip(source, doc_id, "empty_document")
 
@@ -331,7 +278,7 @@ def _book(stream, name, source, max_bytes, stats) -> Iterator[Record]:
     if cut is not None and not isinstance(cut, TrailingBytes):
         paragraphs = paragraphs[:-1]  # it may stop mid-sentence
     if paragraphs:
-        yield RawDocument(name, paragraphs)
+        yield RawDocument(name, paragraphs, source=source)
     elif cut is None:
         yield Skip(source, name, "empty_document")
     if cut is not None:
@@ -347,7 +294,7 @@ def _sentence_lines(stream, name, source, max_bytes, stats) -> Iterator[Record]:
         if too_large:
             yield Skip(source, doc_id, "document_too_large", f"over {max_bytes} bytes")
         elif sentences:
-            yield RawDocument(doc_id, list(sentences), presplit=True)
+            yield RawDocument(doc_id, list(sentences), presplit=True, source=source)
 
     for line in _lines(stream, max_bytes):
         if line is None:
@@ -396,12 +343,11 @@ def _jsonl(stream, name, source, max_bytes, stats) -> Iterator[Record]:
         paragraphs = [" ".join(p.split()) for p in obj["text"].split("\n")]
         paragraphs = [p for p in paragraphs if p]
         if paragraphs:
-            yield RawDocument(doc_id, _paragraphs_without_lone_surrogates(paragraphs, stats))
+            yield RawDocument(doc_id, _paragraphs_without_lone_surrogates(paragraphs, stats), source=source)
         else:
             yield Skip(source, doc_id, "empty_document")
 
 
-_DOC_OPEN = re.compile(rb'\s*<doc\s[^>]*\bid="([^"]*)"[^>]*>\s*$')
 _DOC_TITLE = re.compile(rb'\btitle="(.*?)"(?:\s+[\w-]+="|\s*>)')  # unescaped: a title may hold quotes
 
 
@@ -409,8 +355,11 @@ def _extracted_docs(stream, name, source, max_bytes, stats) -> Iterator[Record]:
     """WikiExtractor's default output: one document per `<doc ...>` ... `</doc>` block."""
     doc_id, title, lines, size = None, b"", [], 0
     for line in _lines(stream, max_bytes):
+        opened = DOC_OPEN.match(line or b"")
+        if opened and doc_id is not None:  # its `</doc>` is missing: it would swallow this article, tag and all
+            yield Skip(source, doc_id, "malformed_doc", "a new <doc> starts before this one's </doc>")
+            doc_id = None
         if doc_id is None:
-            opened = _DOC_OPEN.match(line or b"")
             if opened:
                 doc_id, lines, size = f"{name}#{opened.group(1).decode(errors='replace')}", [], 0
                 found = _DOC_TITLE.search(line)
@@ -438,4 +387,4 @@ def _extracted_doc(doc_id, title, lines, size, source, max_bytes, stats) -> Reco
     paragraphs = [p for p in paragraphs if p]
     if paragraphs and title and paragraphs[0] == " ".join(_decode(title, stats).split()):
         paragraphs = paragraphs[1:]  # WikiExtractor repeats the title as the first line
-    return RawDocument(doc_id, paragraphs) if paragraphs else Skip(source, doc_id, "empty_document")
+    return RawDocument(doc_id, paragraphs, source=source) if paragraphs else Skip(source, doc_id, "empty_document")

@@ -160,12 +160,13 @@ class _TokenizeFn(beam.DoFn):
         self.encode_batch = getattr(inner, "encode_batch_fast", None) or self.tokenizer.encode_batch
 
     def start_bundle(self) -> None:
-        self.pending: list[tuple[str, list[str]]] = []
+        self.pending: list[tuple[str, str, list[str]]] = []  # (doc_id, source, sentences)
         self.pending_sentences = 0
 
     def process(self, document: RawDocument) -> Iterable:
         sentences = split_sentences(document, self.splitter)
-        self.pending.append((document.doc_id, sentences))
+        # Not the document: its text would stay held beside its sentences until the batch is encoded.
+        self.pending.append((document.doc_id, document.source, sentences))
         self.pending_sentences += len(sentences)
         if self.pending_sentences >= BATCH_SENTENCES:
             yield from self._flush()
@@ -184,7 +185,7 @@ class _TokenizeFn(beam.DoFn):
 
     def _flush(self) -> Iterable:
         pending, self.pending, self.pending_sentences = self.pending, [], 0
-        flat = [s for _, sentences in pending for s in sentences]
+        flat = [s for _, _, sentences in pending for s in sentences]
         id_lists = [e.ids for e in self.encode_batch(flat, add_special_tokens=False)] if flat else []
         lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
         ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=self.id_dtype, count=int(lengths.sum()))
@@ -192,7 +193,7 @@ class _TokenizeFn(beam.DoFn):
         if ids.size:
             self.unk_count.inc(int(np.count_nonzero(ids == self.unk_id)))
         first = 0
-        for doc_id, sentences in pending:
+        for doc_id, source, sentences in pending:
             last = first + len(sentences)
             doc_lengths = lengths[first:last]
             start = int(ends[first - 1]) if first else 0
@@ -200,7 +201,8 @@ class _TokenizeFn(beam.DoFn):
             first = last
             if not doc_ids.size:
                 Metrics.counter("corpus", "skipped_empty_document").inc()
-                yield beam.pvalue.TaggedOutput(DEAD_LETTER, Skip("", doc_id, "empty_document", "no tokens"))
+                # Its file's path, as every other dead letter has: the base name in its id alone was not enough.
+                yield beam.pvalue.TaggedOutput(DEAD_LETTER, Skip(source, doc_id, "empty_document", "no tokens"))
                 continue
             kept = doc_lengths[doc_lengths > 0]  # sentences with no WordPiece (only control characters)
             self.sentence_count.inc(int(kept.size))

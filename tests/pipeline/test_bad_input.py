@@ -509,3 +509,33 @@ def test_an_unfinished_corpus_of_100000_shards_or_more_is_cleared_as_ours(tmp_pa
     vocab_text = (data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text()
     corpus_output.clear_previous_output(str(out), None, vocab_text)
     assert not any((out / name).exists() for name in names) and list(out.iterdir()) == []
+
+
+def test_a_bad_first_jsonl_line_an_unclosed_doc_and_an_empty_document_are_dead_lettered_with_their_file(tmp_path, data_dir):
+    """Three silent losses: a JSONL export whose first line was cut off became one "book" of JSON syntax; a
+    WikiExtractor <doc> missing its </doc> swallowed the next article, tag line included; a document that
+    tokenized to nothing was dead-lettered with `"source": ""`, its file unnamed."""
+    d = tmp_path / "in"
+    d.mkdir()
+    records = [json.dumps({"id": i, "text": PROSE + f"Record {i}."}) for i in range(1, 40)]
+    (d / "export.jsonl").write_text('{"id": 0, "text": "cut off\n' + "\n".join(records) + "\n")
+    (d / "export.txt").write_text('{"id": 0, "text": "cut off\n' + "\n".join(records) + "\n")  # sniffed, not named
+    (d / "wiki_00").write_text(
+        '<doc id="1" url="u1" title="Alpha">\nAlpha\nAlpha is the first article. It has two sentences.\n'
+        '<doc id="2" url="u2" title="Beta">\nBeta\nBeta is the second article. Its closing tag is present.\n</doc>\n'
+        '<doc id="3" url="u3" title="Gamma">\nGamma\nGamma is the third article. It is complete.\n</doc>\n')
+    (d / "ctrl.txt").write_bytes(b"\x01\x02\x03 \x07\n")
+    out = tmp_path / "c"
+    argv = ["corpus", "--input", str(d), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+            "--out", str(out), "--seq-len", "64", "--dupe-factor", "1", "--heldout-fraction", "0"]
+    assert cli.main(argv) == 0
+    m = read_manifest(out)
+    c = m["counters"]
+    assert c["files_jsonl"] == 2 and c["skipped_malformed_json"] == 2 and c["skipped_malformed_doc"] == 1
+    assert c["skipped_empty_document"] == 1 and c["documents_read"] == 2 * 39 + 2 + 1
+    dead = [json.loads(line) for p in (out / "dead_letter").glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert sorted((x["source"], x["record_id"], x["reason"]) for x in dead) == [
+        (str(d / "ctrl.txt"), "ctrl.txt", "empty_document"), (str(d / "export.jsonl"), "export.jsonl:1", "malformed_json"),
+        (str(d / "export.txt"), "export.txt:1", "malformed_json"), (str(d / "wiki_00"), "wiki_00#1", "malformed_doc")]
+    docs = set(pa.concat_tables([read_shard(out / s["path"]) for s in m["shards"]]).column("doc_id").to_pylist())
+    assert {"wiki_00#2", "wiki_00#3", "export.jsonl:1", "export.txt:39"} <= docs and "wiki_00#1" not in docs

@@ -621,3 +621,56 @@ def test_prose_with_one_paragraph_per_line_is_not_taken_for_one_sentence_per_lin
     # The same text one sentence per line, documents apart (google-research/bert's layout): lines
     sentences = ["\n".join(blingfire.text_to_sentences(p).split("\n")) for p in paragraphs]
     assert sniff_format(("\n\n".join(sentences) + "\n").encode()) == "lines"
+
+
+@pytest.mark.parametrize("first", ['{"id": 0, "text": "cut off', "null", '"a string"', "42", "{broken"])
+def test_a_jsonl_export_whose_first_line_is_bad_is_read_as_jsonl_with_that_line_counted(first, caplog):
+    # The sniffer parsed the first line only: a bad one made the whole export one book of JSON syntax, silently.
+    records = [json.dumps({"id": i, "text": f"{PROSE} Record {i}."}) for i in range(1, 40)]
+    with caplog.at_level(logging.INFO, logger="pipeline.readers"):
+        docs, skips, counts = read(("\n".join([first, *records]) + "\n").encode())
+    assert "reading mem/f.txt as jsonl (sniffed)" in caplog.text and counts["files_jsonl"] == 1
+    assert [d.doc_id for d in docs] == [f"f.txt:{i}" for i in range(1, 40)]
+    assert [(s.record_id, s.reason) for s in skips] in ([("f.txt:1", "malformed_json")], [("f.txt:1", "json_without_text")])
+    # A record longer than the sample after a bad first line: the cut-off last line still counts as one.
+    book_line = json.dumps({"id": 1, "text": "\n".join([PROSE] * 2000)})
+    docs, skips, _ = read(f"{first}\n{book_line}\n".encode())
+    assert [d.doc_id for d in docs] == ["f.txt:1"] and len(skips) == 1
+
+
+def test_a_jsonl_name_decides_and_one_json_line_does_not_make_a_book_jsonl(caplog, data_dir):
+    # Mostly bad lines: still JSON Lines by its name, each bad line a counted skip, not a silent "book".
+    data = ("{oops\n[1, 2]\nnot json\n" + json.dumps({"id": "a", "text": PROSE}) + "\n").encode()
+    for name in ("dump/export.jsonl", "dump/EXPORT.NDJSON", "dump/export.jsonl.gz"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pipeline.readers"):
+            docs, skips, _ = read(gzip.compress(data) if name.endswith(".gz") else data, source=name)
+        assert f"reading {name} as jsonl (by its name)" in caplog.text
+        assert [d.doc_id for d in docs] == [f"{name.rsplit('/', 1)[-1]}:a"] and len(skips) == 3
+    # A book that opens with one JSON object is a book: most of its lines are prose.
+    book = json.dumps({"title": "Persuasion"}) + "\n" + (data_dir / "books" / "persuasion.txt").read_text()[:30_000]
+    assert sniff_format(book.encode()) == "text"
+
+
+def test_a_doc_block_missing_its_end_tag_is_counted_and_does_not_swallow_the_next():
+    # Article 2 (its tag line too) became part of article 1, with no skip counted.
+    data = (_extracted(1, "Alpha", PROSE)[: -len("</doc>\n")] + _extracted(2, "Beta", "Second. " + PROSE)
+            + _extracted(3, "Gamma", "Third. " + PROSE) + _extracted(4, "Delta", PROSE)[: -len("</doc>\n")]
+            + _extracted(5, "Epsilon", PROSE)[: -len("</doc>\n")])
+    docs, skips, counts = read(data.encode())
+    assert [(d.doc_id, d.segments) for d in docs] == [("f.txt#2", ["Second. " + PROSE]), ("f.txt#3", ["Third. " + PROSE])]
+    assert [(s.record_id, s.reason, s.detail) for s in skips] == [
+        ("f.txt#1", "malformed_doc", "a new <doc> starts before this one's </doc>"),
+        ("f.txt#4", "malformed_doc", "a new <doc> starts before this one's </doc>"),
+        ("f.txt#5", "malformed_doc", "the file ends inside this <doc>")]
+    assert counts == {"files_wikiextractor": 1}
+
+
+def test_every_document_names_its_file_for_a_dead_letter_but_not_in_its_id():
+    # A document that tokenizes to nothing was dead-lettered with `"source": ""`: its file could not be found.
+    src = "/data/in/f.txt"
+    inputs = {"wiki-xml": wiki(page(1, PROSE)), "text": PROSE.encode(), "lines": f"{PROSE}\n\n{PROSE}\n".encode(),
+              "jsonl": (json.dumps({"id": 1, "text": PROSE}) + "\n").encode(), "wikiextractor": _extracted(1, "A", PROSE).encode()}
+    for fmt, data in inputs.items():
+        docs, _, _ = read(data, fmt=fmt, source=src)
+        assert docs and all(d.source == src and "/data/in" not in d.doc_id for d in docs), fmt

@@ -1,0 +1,91 @@
+"""What one input file holds, from its first uncompressed bytes (and, for JSON Lines, its name).
+
+`why_not_text` refuses what is not UTF-8 text (NUL bytes, UTF-16, mostly undecodable bytes); `sniff_format`
+tells the readers' formats apart (`pipeline.readers`); `JSON_ARRAY` spots a JSON array of records, which no
+format reads. Used only when `--format` is `auto`, except `why_not_text`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+JSON_ARRAY = re.compile(rb"\s*\[\s*\{")
+# WikiExtractor's opening tag, alone on its line (`pipeline.readers` cuts documents at it too).
+DOC_OPEN = re.compile(rb'\s*<doc\s[^>]*\bid="([^"]*)"[^>]*>\s*$')
+# A sentence ending inside a line, another starting: "... at Kellynch. Sir Walter ..."
+_INNER_SENTENCE_END = re.compile(r"\w[.!?][\"'\u201d)]?\s+[\"\u201c(]?[A-Z]")
+_OBJECT_START = re.compile(r'\s*\{\s*"')
+_JSONL_NAME = re.compile(r"\.(jsonl|ndjson)(\.(gz|bz2|xz))?$", re.I)
+
+
+def named_jsonl(path: str) -> bool:
+    """A `.jsonl` or `.ndjson` name, compressed or not: JSON Lines by its name, whatever its first line holds."""
+    return bool(_JSONL_NAME.search(path))
+
+
+def _json_object(line: str) -> bool:
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, RecursionError):  # RecursionError: pathologically nested JSON
+        return False
+
+
+def _mostly_json_objects(head: str) -> bool:
+    """At least half the sample's non-blank lines are JSON objects. Decided on the first line alone, a
+    first record cut off (or `null`) made a whole export one "book" of JSON syntax, silently; read as
+    JSONL, a bad line is one counted `malformed_json`. The sample's last line may be cut short: it counts
+    as an object when it opens like one (`{"`), as a record longer than the sample does (a book per line)."""
+    *complete, tail = head.split("\n")
+    lines = [ln for ln in complete if ln.strip()]
+    objects = sum(map(_json_object, lines))
+    if tail.strip():
+        lines.append(tail)
+        objects += bool(_OBJECT_START.match(tail)) or _json_object(tail)
+    return bool(lines) and 2 * objects >= len(lines)
+
+
+def sniff_format(sample: bytes) -> str:
+    """`wiki-xml`, `wikiextractor`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file."""
+    head = sample[:65536].decode("utf-8", errors="replace")
+    stripped = head.lstrip("\ufeff \t\r\n")
+    if stripped.startswith("<mediawiki") or ("<page>" in head and "<revision>" in head):
+        return "wiki-xml"
+    if DOC_OPEN.match(stripped.split("\n", 1)[0].encode()):
+        return "wikiextractor"
+    if _mostly_json_objects(stripped):
+        return "jsonl"
+    lines = [ln.strip() for ln in head.split("\n")[:-1] if ln.strip()]
+    if len(lines) >= 5:
+        # One sentence per line: almost every line ends a sentence. Hard-wrapped prose: few do.
+        # Prose with one paragraph per line ends them too, but most of its lines hold several.
+        enders = sum(ln.endswith((".", "!", "?", '"', "'", "\u201d", ")")) for ln in lines)
+        paragraphs = sum(bool(_INNER_SENTENCE_END.search(ln)) for ln in lines)
+        if enders / len(lines) >= 0.8 and paragraphs / len(lines) < 0.5:
+            return "lines"
+    return "text"
+
+
+def _looks_utf16(head: bytes) -> bool:
+    """Mostly ASCII as UTF-16 without a byte-order mark: NUL in nearly every other byte, on one side."""
+    even, odd = head[0::2], head[1::2]
+    low, high = sorted((even.count(0) / max(len(even), 1), odd.count(0) / max(len(odd), 1)))
+    return high > 0.9 and low < 0.1  # the other side text: a tarball or zeros are NUL on both
+
+
+def why_not_text(sample: bytes) -> str | None:
+    """Why the first 8 KiB are not UTF-8 text (NUL bytes, or mostly undecodable bytes), or None."""
+    head = sample[:8192]
+    if not head:
+        return None
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or (b"\x00" in head and _looks_utf16(head)):
+        return "UTF-16 text (every other byte NUL); convert it to UTF-8: iconv -f utf-16 -t utf-8"
+    if b"\x00" in head:
+        return "NUL bytes in its first 8 KiB"
+    text = head.decode("utf-8", errors="replace")
+    if text.count("\ufffd") > 0.1 * len(text):
+        return ("over 10% of its first 8 KiB is not UTF-8; if it is text in another encoding (e.g. Latin-1), "
+                "convert it: iconv -f latin1 -t utf-8")
+    return None
