@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms.window import GlobalWindows
 
 from pipeline.atomic_write import write_text_atomic
 from pipeline.corpus_output import (TMP, WriteDeadLetters, clear_previous_output, delete_tree, is_remote, mark_users_vocab, outside,
@@ -187,10 +189,62 @@ def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int
                          f"{config.max_unk_share}): {fix}; --max-unk-share 1 accepts it as it is")
 
 
-def _read_jsonl(pattern: str) -> list:
+class WriteRecordFiles(beam.PTransform):
+    """Lines -> files of exact names in `folder`, each bundle's in a file of its own, and `NAME.files.json`
+    listing the files of the bundles that succeeded (a retried bundle's first file is in no list). Read back
+    with `read_record_files`. Beam's `WriteToText` finds its own files again by glob: a `[`, `*` or `?` in
+    --out broke it (`corpus[v1]`: "src and dst files do not exist"), and a glob over --out could take in
+    another folder's files. Here no path is ever matched as a pattern."""
+
+    def __init__(self, folder: str, name: str) -> None:
+        super().__init__()
+        self.folder, self.name = folder, name
+
+    def expand(self, lines):
+        files = lines | "Files" >> beam.ParDo(_LinesToFile(self.folder, self.name))
+        return (lines.pipeline | "Once" >> beam.Create([None])
+                | "List" >> beam.Map(_write_file_list, _file_list(self.folder, self.name), beam.pvalue.AsList(files)))
+
+
+class _LinesToFile(beam.DoFn):
+    def __init__(self, folder: str, name: str) -> None:
+        self.folder, self.name = folder, name
+
+    def start_bundle(self) -> None:
+        self.path, self.file = None, None
+
+    def process(self, line: str):
+        if self.file is None:
+            self.path = FileSystems.join(self.folder, f"{self.name}-{uuid.uuid4().hex}.jsonl")
+            self.file = FileSystems.create(self.path)
+        self.file.write(line.encode("utf-8") + b"\n")
+        return ()
+
+    def finish_bundle(self):
+        if self.file is not None:
+            self.file.close()
+            yield GlobalWindows.windowed_value(self.path)
+
+
+def _file_list(folder: str, name: str) -> str:
+    return FileSystems.join(folder, f"{name}.files.json")
+
+
+def _write_file_list(_, path: str, files: list[str]) -> None:
+    with FileSystems.create(path) as f:
+        f.write(json.dumps(sorted(files)).encode("utf-8"))
+
+
+def read_record_files(folder: str, name: str) -> list[str]:
+    """The files `WriteRecordFiles(folder, name)` wrote, by their exact names."""
+    with FileSystems.open(_file_list(folder, name)) as f:
+        return json.loads(f.read())
+
+
+def _read_jsonl(paths: list[str]) -> list:
     records = []
-    for meta in FileSystems.match([pattern])[0].metadata_list:
-        with FileSystems.open(meta.path) as f:
+    for path in paths:
+        with FileSystems.open(path) as f:
             records += [json.loads(line) for line in f if line.strip()]
     return records
 
@@ -203,10 +257,10 @@ def _train_vocab(config: CorpusConfig, files: list[str], lowercase: bool, option
             read.documents
             | "CountWords" >> CountWords(lowercase)
             | "Json" >> beam.Map(lambda kv: json.dumps(list(kv), ensure_ascii=False))
-            | "Write" >> beam.io.WriteToText(FileSystems.join(tmp, "word_counts"), file_name_suffix=".jsonl")
+            | "Write" >> WriteRecordFiles(tmp, "word_counts")
         )
     counters = _counters(p.result)
-    counts = read_count_files(m.path for m in FileSystems.match([FileSystems.join(tmp, "word_counts*")])[0].metadata_list)
+    counts = read_count_files(read_record_files(tmp, "word_counts"))
     tokens = train_wordpiece(counts, config.train_vocab_size, lowercase)
     log.info("trained a vocabulary of %d tokens from %d distinct words", len(tokens), len(counts))
     return "\n".join(tokens) + "\n", {k: v for k, v in counters.items() if k.startswith("vocab_")}
@@ -315,9 +369,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
             | "Instances" >> CreateInstances(split_settings, settings, masking_vocab, progress_dir)
             | "Shards" >> WriteShards(out, config.shard_format, config.num_shards, config.instances_per_shard)
         )
-        shards | "ShardInfo" >> beam.Map(json.dumps) | "WriteShardInfo" >> beam.io.WriteToText(
-            FileSystems.join(tmp, "shards"), file_name_suffix=".jsonl"
-        )
+        shards | "ShardInfo" >> beam.Map(json.dumps) | "WriteShardInfo" >> WriteRecordFiles(tmp, "shards")
         (
             (read[DEAD_LETTER], tokenized[DEAD_LETTER])
             | "DeadLetters" >> beam.Flatten()
@@ -325,7 +377,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         )
     counters = {**_counters(p.result), **extra_counters}
 
-    shard_infos = sorted(_read_jsonl(FileSystems.join(tmp, "shards*")), key=lambda s: (s["split"] != "train", s["path"]))
+    shard_infos = sorted(_read_jsonl(read_record_files(tmp, "shards")), key=lambda s: (s["split"] != "train", s["path"]))
     # Checked before the manifest is written: a failed corpus stays recognisably unfinished.
     _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files),
                   len(tokens) if config.vocab is None else None)
@@ -337,6 +389,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
             f.write(vocab_text.encode("utf-8"))
     cfg = dataclasses.asdict(config)
     cfg["lowercase"] = lowercase
+    cfg["inputs"] = sorted(set(config.inputs))  # the same inputs in any order: the same manifest bytes
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -97,14 +97,19 @@ def _unwritable_out(err: BaseException, out: object) -> str | None:
     return f"{err.strerror}: {err.filename}"
 
 
-def _stop_on_sigterm() -> None:
+def _stop_on_sigterm(children: bool = False) -> None:
     """SIGTERM stops a command as Ctrl-C does: its cleanup runs, one line says how to go on, exit 143.
     Without a handler it died at once, silently, mid-write; and as a container's PID 1 (the corpus and
     download Jobs run `bertpipe` without an init) the kernel ignored it until the grace period's SIGKILL.
-    Commands that act on SIGTERM themselves (pretrain's checkpoint, the sweep's Ray driver) set their own
-    handler over this one while they run."""
+    `children`: the SIGTERM is passed on to this process's descendants first (`launch.stop_children`),
+    each time one comes. Commands that act on SIGTERM themselves (pretrain's checkpoint, the sweep's Ray
+    driver) set their own handler over this one while they run."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        from launch.stop_children import stop_children  # imported now, not inside the handler
+
         def stop(_signum: int, _frame: object) -> None:
+            if children:
+                stop_children()
             raise Terminated
         signal.signal(signal.SIGTERM, stop)
 
@@ -124,7 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before the parser is built: building it imports the command's config (and, for corpus, Beam).
     setup_logging()
     if entry_point:
-        _stop_on_sigterm()
+        from launch.stop_children import SIGTERM_REACHES_CHILDREN
+
+        _stop_on_sigterm(children=command in SIGTERM_REACHES_CHILDREN)
     try:
         parser = build_parser(command)
         args = parser.parse_args(rest)
