@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +26,9 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms.window import GlobalWindows
 
 from pipeline.atomic_write import write_text_atomic
+from pipeline.record_files import WriteRecordFiles, read_jsonl_records, read_record_files
 from pipeline.corpus_output import (TMP, WriteDeadLetters, clear_previous_output, delete_tree, is_remote, mark_users_vocab, outside,
                                     refuse_inputs_in_out, same_file)
 from pipeline.instances import InstanceSettings
@@ -189,66 +188,6 @@ def _check_result(config: CorpusConfig, counters: dict[str, int], instances: int
                          f"{config.max_unk_share}): {fix}; --max-unk-share 1 accepts it as it is")
 
 
-class WriteRecordFiles(beam.PTransform):
-    """Lines -> files of exact names in `folder`, each bundle's in a file of its own, and `NAME.files.json`
-    listing the files of the bundles that succeeded (a retried bundle's first file is in no list). Read back
-    with `read_record_files`. Beam's `WriteToText` finds its own files again by glob: a `[`, `*` or `?` in
-    --out broke it (`corpus[v1]`: "src and dst files do not exist"), and a glob over --out could take in
-    another folder's files. Here no path is ever matched as a pattern."""
-
-    def __init__(self, folder: str, name: str) -> None:
-        super().__init__()
-        self.folder, self.name = folder, name
-
-    def expand(self, lines):
-        files = lines | "Files" >> beam.ParDo(_LinesToFile(self.folder, self.name))
-        return (lines.pipeline | "Once" >> beam.Create([None])
-                | "List" >> beam.Map(_write_file_list, _file_list(self.folder, self.name), beam.pvalue.AsList(files)))
-
-
-class _LinesToFile(beam.DoFn):
-    def __init__(self, folder: str, name: str) -> None:
-        self.folder, self.name = folder, name
-
-    def start_bundle(self) -> None:
-        self.path, self.file = None, None
-
-    def process(self, line: str):
-        if self.file is None:
-            self.path = FileSystems.join(self.folder, f"{self.name}-{uuid.uuid4().hex}.jsonl")
-            self.file = FileSystems.create(self.path)
-        self.file.write(line.encode("utf-8") + b"\n")
-        return ()
-
-    def finish_bundle(self):
-        if self.file is not None:
-            self.file.close()
-            yield GlobalWindows.windowed_value(self.path)
-
-
-def _file_list(folder: str, name: str) -> str:
-    return FileSystems.join(folder, f"{name}.files.json")
-
-
-def _write_file_list(_, path: str, files: list[str]) -> None:
-    with FileSystems.create(path) as f:
-        f.write(json.dumps(sorted(files)).encode("utf-8"))
-
-
-def read_record_files(folder: str, name: str) -> list[str]:
-    """The files `WriteRecordFiles(folder, name)` wrote, by their exact names."""
-    with FileSystems.open(_file_list(folder, name)) as f:
-        return json.loads(f.read())
-
-
-def _read_jsonl(paths: list[str]) -> list:
-    records = []
-    for path in paths:
-        with FileSystems.open(path) as f:
-            records += [json.loads(line) for line in f if line.strip()]
-    return records
-
-
 def _train_vocab(config: CorpusConfig, files: list[str], lowercase: bool, options: PipelineOptions, tmp: str) -> tuple[str, dict]:
     log.info("stage 1/2: counting words of %d files to train a %d-token vocabulary", len(files), config.train_vocab_size)
     with beam.Pipeline(options=options) as p:
@@ -377,7 +316,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         )
     counters = {**_counters(p.result), **extra_counters}
 
-    shard_infos = sorted(_read_jsonl(read_record_files(tmp, "shards")), key=lambda s: (s["split"] != "train", s["path"]))
+    shard_infos = sorted(read_jsonl_records(read_record_files(tmp, "shards")), key=lambda s: (s["split"] != "train", s["path"]))
     # Checked before the manifest is written: a failed corpus stays recognisably unfinished.
     _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files),
                   len(tokens) if config.vocab is None else None)
