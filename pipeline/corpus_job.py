@@ -323,6 +323,10 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     if not any(s["num_instances"] for s in shard_infos if s["split"] == "train"):  # the documents that train made none
         raise ValueError(f"every instance went to the heldout split, none to training (--heldout-fraction "
                          f"{config.heldout_fraction} of a few documents); lower --heldout-fraction or add input")
+    train = [s["num_instances"] for s in shard_infos if s["split"] == "train"]
+    if config.num_shards and train.count(0):  # each a file to write, list, hash and open for nothing (5,000: 21 MB)
+        log.warning("%d of the %d train shards are empty: --num-shards %d is more than the corpus's %d training "
+                    "instances fill; lower it", train.count(0), len(train), config.num_shards, sum(train))
     if not (config.vocab and same_file(FileSystems.join(out, "vocab.txt"), config.vocab)):  # else: already these bytes
         with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
             f.write(vocab_text.encode("utf-8"))
