@@ -1,4 +1,4 @@
-"""A SIGTERM to `bertpipe` alone, passed on to the processes it started (`launch.cli`'s handler calls
+"""A SIGTERM to `bertpipe` alone, passed on to the Beam worker processes it started (`launch.cli`'s handler calls
 `stop_children` for the commands in `SIGTERM_REACHES_CHILDREN`).
 
 `kill PID`, `docker stop` and Kubernetes signal the main process only; Ctrl-C reaches the terminal's whole
@@ -24,9 +24,14 @@ SIGTERM_REACHES_CHILDREN = ("corpus",)
 CHILDREN_GRACE_S = 5.0
 
 
-def _descendants() -> list[int]:
-    """This process's children, their children, and so on (parents first), from /proc's parent pids;
-    [] where there is no /proc (not Linux)."""
+# What Beam's SubprocessSdkWorkerHandler runs (`/bin/sh -c "python -m ..."`: the shell's command line holds it too).
+BEAM_WORKER = b"apache_beam.runners.worker.sdk_worker_main"
+
+
+def _workers() -> list[int]:
+    """This process's descendants that run a Beam worker (parents first), from /proc; [] where there is no
+    /proc (not Linux). Only those: a process a wrapper started before it exec'd bertpipe (`sidecar & exec
+    bertpipe corpus ...`) is bertpipe's child too, and not bertpipe's to stop."""
     children: dict[int, list[int]] = {}
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
@@ -43,9 +48,17 @@ def _descendants() -> list[int]:
     found, queue = [], [os.getpid()]
     while queue:
         kids = children.get(queue.pop(0), [])
-        found += kids
+        found += [pid for pid in kids if _runs_beam_worker(pid)]
         queue += kids
     return found
+
+
+def _runs_beam_worker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return BEAM_WORKER in f.read()
+    except OSError:  # ended meanwhile
+        return False
 
 
 def _signal(pids: list[int], sig: int) -> None:
@@ -57,21 +70,21 @@ def _signal(pids: list[int], sig: int) -> None:
 
 
 def stop_children(grace: float = CHILDREN_GRACE_S) -> None:
-    """SIGTERM to every descendant now, parents first (a shell between us and a worker ends with it, silently,
-    rather than reporting "Terminated"); for `grace` seconds, to any that starts meanwhile (a worker whose start
-    was under way); then SIGKILL to any left. In a daemon thread, which never holds the exit."""
+    """SIGTERM to every Beam worker we started now, parents first (the shell between us and a worker ends with
+    it, silently, rather than reporting "Terminated"); for `grace` seconds, to any that starts meanwhile (a
+    worker whose start was under way); then SIGKILL to any left. In a daemon thread, never holding the exit."""
     _quiet_after_stop()
-    signalled = set(_descendants())
+    signalled = set(_workers())
     _signal(sorted(signalled), signal.SIGTERM)
 
     def sweep() -> None:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             time.sleep(0.2)
-            new = [pid for pid in _descendants() if pid not in signalled]
+            new = [pid for pid in _workers() if pid not in signalled]
             signalled.update(new)
             _signal(new, signal.SIGTERM)
-        _signal(_descendants(), signal.SIGKILL)
+        _signal(_workers(), signal.SIGKILL)
 
     threading.Thread(target=sweep, name="bertpipe-stop-children", daemon=True).start()
 

@@ -116,3 +116,31 @@ def test_sigterm_with_worker_processes_exits_143_and_leaves_no_worker(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert (out / "manifest.json").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the processes in /proc")
+def test_sigterm_leaves_alone_a_process_bertpipe_did_not_start(tmp_path):
+    # `sidecar & exec bertpipe corpus ...` (a container entrypoint) makes the sidecar bertpipe's child: every
+    # descendant got the SIGTERM, then SIGKILL, though bertpipe never started it.
+    cmd = (f"sleep 300 & exec {sys.executable} -m launch.cli corpus {' '.join(ARGS[:-1])} "
+           f"--out {tmp_path / 'corpus'}")
+    with open(tmp_path / "err", "w") as log:
+        proc = as_from_a_shell.popen(["sh", "-c", cmd], stdout=subprocess.DEVNULL, stderr=log,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+    sidecar: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "corpus" / LOCK_NAME).exists():  # the job is under way, its handler set
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()
+            time.sleep(0.1)
+        sidecar += [pid for pid, c in _descendants(proc.pid).items() if c.startswith("sleep 300")]
+        assert len(sidecar) == 1
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=STOP_BOUND_S) == 143
+        time.sleep(6)  # past the grace after which any worker left is SIGKILLed
+        assert _alive(sidecar[0]), "the SIGTERM reached a process bertpipe did not start"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in filter(_alive, sidecar):
+            os.kill(pid, signal.SIGKILL)
