@@ -17,6 +17,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -56,6 +57,7 @@ def config_from_args(args: argparse.Namespace, command: str = "finetune", **fixe
     return cfg
 
 
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FinetuneConfig) if f.default is not dataclasses.MISSING}
 # Flags only some setups read, and which: given to another one, they did nothing, without a word. Checked for
 # one run only: a sweep applies its flags to every trial (Table 7's fine-tuning row, a task of several).
 _READ_BY = {
@@ -94,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
 
     # `--set key=value` is a flag by another name: refused alike (it got past this check, and did nothing).
     given = list(given_flags(args)) + [form.partition("=")[0].strip() for form in args.overrides]
-    refuse_unread_flags(cfg, given, list(load_yaml(args.config)) if args.config else [], args.config)
+    # A key of the --config file counts where it sets something: a run's own saved config.yaml holds every key.
+    in_file = load_yaml(args.config) if args.config else {}
+    set_there = [k for k, v in in_file.items() if v is not None and v != _DEFAULTS.get(k)]
+    refuse_unread_flags(cfg, given, set_there, args.config)
     from launch.finetune.runner import finetune
 
     from pipeline.output_lock import OutputLock

@@ -251,6 +251,14 @@ def test_a_setting_in_the_config_file_this_run_does_not_read_is_named_in_a_warni
     for key, who in (("text_column", "classify, regress and tag"), ("doc_stride", "squad")):
         assert f"--config {config}: {key} applies to {who} only; this run (sst2, fine-tuning) does not read it" in err
     assert "holds no BERT" in err.strip().splitlines()[-1]  # the run went on to its next check
+    # A run's own saved config.yaml holds every key, at its default where not set: nothing to say there.
+    from launch.config import save_config
+    from launch.finetune.finetune_config import FinetuneConfig
+
+    save_config(FinetuneConfig(task="sst2", data_dir=str(GLUE), checkpoint=str(tmp_path), out=str(tmp_path / "o")),
+                config)
+    err = _error(["finetune", "--config", str(config)], capsys)
+    assert "does not read it" not in err and "holds no BERT" in err.strip().splitlines()[-1], err
 
 
 def test_refuses_a_directory_without_bert(tmp_path, capsys):
