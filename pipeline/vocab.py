@@ -134,11 +134,14 @@ class Vocab:
         `vocab.txt` is the caller's (it copies the file byte for byte)."""
         out = Path(out)
         self.tokenizer().save(str(out / "tokenizer.json"))
-        config = {"tokenizer_class": "BertTokenizerFast", "do_lower_case": self.lowercase,
-                  "strip_accents": None, "model_max_length": model_max_length,
-                  "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                  "mask_token": "[MASK]"}
+        config = _tokenizer_config(self.lowercase, model_max_length)
         (out / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def _tokenizer_config(lowercase: object, model_max_length: object) -> dict:
+    return {"tokenizer_class": "BertTokenizerFast", "do_lower_case": lowercase, "strip_accents": None,
+            "model_max_length": model_max_length, "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+            "cls_token": "[CLS]", "mask_token": "[MASK]"}
 
 
 def declared_lowercase(model_dir: str | Path) -> bool | None:
@@ -162,9 +165,16 @@ def model_lowercase(model_dir: str | Path, tokens: Sequence[str]) -> bool:
     words [UNK] or splits them into pieces; `true` on a cased one leaves its capitalised pieces unused."""
     declared = declared_lowercase(model_dir)
     cased = vocab_is_cased(tokens)
-    if declared is not None and declared == cased:
+    if declared is not None and declared == cased and not _ours(Path(model_dir) / TOKENIZER_CONFIG):
         what = ("capitalised words become [UNK] or split into pieces the model did not learn them as" if not cased
                 else "the vocabulary's capitalised pieces are never used")
         log.warning("%s says do_lower_case: %s, but its vocabulary is %s: %s; fix do_lower_case if that is not meant",
                     Path(model_dir) / TOKENIZER_CONFIG, str(declared).lower(), "cased" if cased else "uncased", what)
     return not cased if declared is None else declared
+
+
+def _ours(config_file: Path) -> bool:
+    """A tokenizer_config.json as `write_tokenizer_files` writes it (an export, a fine-tuned model/): its casing
+    is the corpus's, chosen there (`--no-lowercase` on lowercased text makes an uncased-looking vocabulary)."""
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    return config == _tokenizer_config(config.get("do_lower_case"), config.get("model_max_length"))

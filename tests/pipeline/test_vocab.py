@@ -59,6 +59,14 @@ def test_a_declared_casing_the_vocabulary_contradicts_is_followed_and_named_in_o
         assert Vocab.read(tmp_path).lowercase is True
     assert "says do_lower_case: true, but its vocabulary is cased: the vocabulary's capitalised pieces are never used" \
         in caplog.text
+    # bertpipe's own tokenizer files (an export, a fine-tuned model/) carry the corpus's casing, chosen there
+    # (--no-lowercase on lowercased text trains an uncased-looking vocabulary): nothing to warn of.
+    caplog.clear()
+    (tmp_path / "vocab.txt").write_bytes(VOCAB.read_bytes())
+    Vocab.read(tmp_path / "vocab.txt", lowercase=False).write_tokenizer_files(tmp_path, model_max_length=512)
+    with caplog.at_level("WARNING"):
+        assert Vocab.read(tmp_path).lowercase is False
+    assert not caplog.records
 
 
 def test_a_do_lower_case_that_is_not_a_boolean_is_refused_naming_the_file(tmp_path):
