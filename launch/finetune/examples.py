@@ -126,13 +126,14 @@ class SkipCounter:
 
 @dataclass(frozen=True)
 class SplitFiles:
-    """Where a task keeps its split files: DIR itself or one of its subfolders named for the task
-    (`DIR/conll2003/`), under a few accepted names per split.
+    """Where a task keeps its split files: a subfolder of DIR named for the task (`DIR/conll2003/`) when one
+    holds any of them, else DIR itself; under a few accepted names per split.
 
-    One folder holds them all: the one of those that holds any of the task's files, so no split is ever read
-    from another folder than the rest (a stray `DIR/train.txt` beside `DIR/conll2003/`). Two folders holding
-    such files are refused, as are two files for one split (`dev.txt` and `valid.txt`): either way one would
-    be read and the other ignored without a word.
+    Every split comes from that one folder: a stray `DIR/dev.txt` beside `DIR/conll2003/` was read for the
+    split the subfolder lacked, without a word; now a required split refuses, naming it, and an optional one
+    (test) is warned of. Two files for one split (`dev.txt` and `valid.txt`) are refused: one would be read
+    and the other ignored. DIR's other files (another task's `train.csv`, a `training_args.json`) do not
+    count once the subfolder holds the task's.
     """
 
     what: str  # the task, as messages name it: "CoNLL-2003"
@@ -142,31 +143,34 @@ class SplitFiles:
 
     def find(self, data_dir: Path, split: str, *, required: bool) -> Path | None:
         folder = self.folder(data_dir)
-        found = self._files(folder, split) if folder is not None else []
+        found = self._files(folder, split)
         if len(found) > 1:
             raise DataError(f"{folder} holds {_listed(p.name for p in found)} for the {self.what} {split} split; "
                             "keep one of them there")
         if found:
             return found[0]
+        beside = [data_dir / n for n in self.names[split] if folder != data_dir and (data_dir / n).is_file()]
+        if beside:
+            unread = (f"{beside[0]} is not read for the {self.what} {split} split: the task's files are read from "
+                      f"{folder}, every split from one folder")
+            if required:
+                raise DataError(f"{unread}, which lacks it; move the file into {folder}")
+            logger.warning("%s; move it there to use it", unread)
         if required:
             names = f"{list(self.names[split])}" + (f" (or one {self.pattern.format(split=split)})" if self.pattern else "")
-            where = folder or _listed([str(data_dir)] + [f"{data_dir / s}/" for s in self.subfolders], "or")
-            raise DataError(f"missing the {self.what} {split} split: none of {names} in {where}")
+            raise DataError(f"missing the {self.what} {split} split: none of {names} in {folder}")
         return None
 
-    def folder(self, data_dir: Path) -> Path | None:
-        """The one folder, DIR or a task subfolder, that holds any of the task's files; None if none does."""
-        candidates: list[Path] = []
-        for folder in [data_dir / s for s in self.subfolders] + [data_dir]:
-            if folder.is_dir() and not any(_same(folder, c) for c in candidates):  # SWAG/ is swag/ on macOS
-                candidates.append(folder)
-        holding = [(folder, [p.name for s in self.names for p in self._files(folder, s)]) for folder in candidates]
-        holding = [(folder, names) for folder, names in holding if names]
+    def folder(self, data_dir: Path) -> Path:
+        """The task subfolder of DIR that holds any of the task's files, else DIR."""
+        holding: list[Path] = []
+        for folder in (data_dir / s for s in self.subfolders):
+            if folder.is_dir() and not any(_same(folder, h) for h in holding) and any(
+                    self._files(folder, split) for split in self.names):  # SWAG/ is swag/ on macOS
+                holding.append(folder)
         if len(holding) > 1:
-            (a, in_a), (b, in_b) = holding[:2]
-            raise DataError(f"{a} holds {self.what} files ({', '.join(in_a)}) and so does {b} ({', '.join(in_b)}); "
-                            "keep them in one of the two folders, so that every split is read from the same one")
-        return holding[0][0] if holding else None
+            raise DataError(f"{holding[0]} and {holding[1]} both hold {self.what} files; keep one of the two folders")
+        return holding[0] if holding else data_dir
 
     def _files(self, folder: Path, split: str) -> list[Path]:
         named = [folder / n for n in self.names[split] if (folder / n).is_file()]

@@ -109,8 +109,9 @@ def test_conll_files_in_the_data_dir_and_its_subfolder_are_refused(tiny_checkpoi
     write(data / "train.txt", CONLL_A)
     write(data / "dev.txt", CONLL_B)
     assert refusal("conll2003", data, tiny_checkpoint, tmp_path / "out", capsys) == (
-        f"bertpipe finetune: error: {data / 'conll2003'} holds CoNLL-2003 files (train.txt) and so does {data} "
-        "(train.txt, dev.txt); keep them in one of the two folders, so that every split is read from the same one")
+        f"bertpipe finetune: error: {data / 'dev.txt'} is not read for the CoNLL-2003 dev split: the task's files are "
+        f"read from {data / 'conll2003'}, every split from one folder, which lacks it; move the file into "
+        f"{data / 'conll2003'}")
     for name in ("train.txt", "dev.txt"):  # all in the subfolder, as the bundled data/conll2003/
         shutil.move(data / name, data / "conll2003" / name)
     (data / "conll2003" / "CoNLL-2003").symlink_to(data / "conll2003")  # one folder under two names is one
@@ -119,27 +120,44 @@ def test_conll_files_in_the_data_dir_and_its_subfolder_are_refused(tiny_checkpoi
     assert [ex.words for ex in loaded.evals[0].examples] == [("Peter", "Blackburn")]
 
 
-@pytest.mark.parametrize("task, sub, stray", [
-    ("swag", "SWAG", "test.csv"),  # the test file, and so the leaderboard's submission, came from DIR
-    ("squad", "squad", "dev-v1.1.json"),  # trained on squad/, scored on DIR's dev file
-])
-def test_swag_and_squad_never_read_splits_from_two_folders(tiny_checkpoint, tmp_path, capsys, task, sub, stray):
+def test_squad_never_reads_splits_from_two_folders(tiny_checkpoint, tmp_path, capsys):
+    # Trained on squad/, scored on DIR's dev file.
     data = tmp_path / "data"
-    if task == "swag":
-        for name in ("train.csv", "val.csv"):
-            write(data / sub / name, (SWAG / name).read_text(encoding="utf-8"))
-        write(data / stray, (SWAG / "test.csv").read_text(encoding="utf-8"))
-        in_sub = "train.csv, val.csv"
-    else:
-        squad_file(data / sub / "train-v1.1.json", 1)
-        squad_file(data / stray, 1)
-        in_sub = "train-v1.1.json"
-    what = {"swag": "SWAG", "squad": "SQuAD"}[task]
-    assert refusal(task, data, tiny_checkpoint, tmp_path / "out", capsys) == (
-        f"bertpipe finetune: error: {data / sub} holds {what} files ({in_sub}) and so does {data} ({stray}); "
-        "keep them in one of the two folders, so that every split is read from the same one")
-    shutil.move(data / stray, data / sub / stray)
-    assert load(task, data).evals
+    squad_file(data / "squad" / "train-v1.1.json", 1)
+    squad_file(data / "dev-v1.1.json", 1)
+    assert refusal("squad", data, tiny_checkpoint, tmp_path / "out", capsys) == (
+        f"bertpipe finetune: error: {data / 'dev-v1.1.json'} is not read for the SQuAD dev split: the task's files "
+        f"are read from {data / 'squad'}, every split from one folder, which lacks it; move the file into "
+        f"{data / 'squad'}")
+    shutil.move(data / "dev-v1.1.json", data / "squad" / "dev-v1.1.json")
+    assert load("squad", data).evals
+
+
+def test_a_test_file_beside_the_swag_folder_is_named_not_read(tmp_path, caplog):
+    # The test file, and so the leaderboard's submission, came from DIR while train and dev came from DIR/SWAG.
+    data = tmp_path / "data"
+    for name in ("train.csv", "val.csv"):
+        write(data / "SWAG" / name, (SWAG / name).read_text(encoding="utf-8"))
+    write(data / "test.csv", (SWAG / "test.csv").read_text(encoding="utf-8"))
+    with caplog.at_level("WARNING"):
+        assert [split.name for split in load("swag", data).evals] == ["dev"]
+    assert (f"{data / 'test.csv'} is not read for the SWAG test split: the task's files are read from "
+            f"{data / 'SWAG'}, every split from one folder; move it there to use it") in caplog.text
+
+
+def test_files_of_other_tasks_beside_the_task_folder_do_not_count(tmp_path):
+    # A `training_args.json` matched SQuAD's train*.json, and a classify task's train.csv and dev.csv SWAG's
+    # names, in DIR: both layouts, read from the task folder before, were refused as files in two folders.
+    data = tmp_path / "data"
+    squad_file(data / "squad" / "train-v1.1.json", 1)
+    squad_file(data / "squad" / "dev-v1.1.json", 1)
+    write(data / "training_args.json", "{}")
+    assert load("squad", data).evals
+    for name in ("train.csv", "val.csv"):
+        write(data / "swag" / name, (SWAG / name).read_text(encoding="utf-8"))
+    write(data / "train.csv", "text,label\ngood,pos\n")
+    write(data / "dev.csv", "text,label\nbad,neg\n")
+    assert len(load("swag", data).train) == len((SWAG / "train.csv").read_text().splitlines()) - 1
 
 
 # ---- a SWAG test file is predicted whole -----------------------------------------------------------------
