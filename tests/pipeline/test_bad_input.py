@@ -49,12 +49,17 @@ def bad_inputs(tmp_path_factory, data_dir):
     return d
 
 
-def test_bad_inputs_are_counted_and_good_documents_kept(bad_inputs, tmp_path, data_dir):
-    out = tmp_path / "c"
-    argv = ["corpus", "--input", str(bad_inputs), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
+def _built(inputs, out, data_dir) -> dict:
+    """The manifest of a corpus built from `inputs` into `out` through the CLI (seq 64, no heldout split)."""
+    argv = ["corpus", "--input", str(inputs), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
             "--out", str(out), "--seq-len", "64", "--dupe-factor", "1", "--heldout-fraction", "0"]
     assert cli.main(argv) == 0
-    m = read_manifest(out)
+    return read_manifest(out)
+
+
+def test_bad_inputs_are_counted_and_good_documents_kept(bad_inputs, tmp_path, data_dir):
+    out = tmp_path / "c"
+    m = _built(bad_inputs, out, data_dir)
     c = m["counters"]
     assert c["files_read"] == 8  # download.json ignored
     assert c["skipped_corrupt_compression"] == 2
@@ -526,10 +531,7 @@ def test_a_bad_first_jsonl_line_an_unclosed_doc_and_an_empty_document_are_dead_l
         '<doc id="3" url="u3" title="Gamma">\nGamma\nGamma is the third article. It is complete.\n</doc>\n')
     (d / "ctrl.txt").write_bytes(b"\x01\x02\x03 \x07\n")
     out = tmp_path / "c"
-    argv = ["corpus", "--input", str(d), "--vocab", str(data_dir / "vocab" / "bert-base-uncased-vocab.txt"),
-            "--out", str(out), "--seq-len", "64", "--dupe-factor", "1", "--heldout-fraction", "0"]
-    assert cli.main(argv) == 0
-    m = read_manifest(out)
+    m = _built(bad_inputs, out, data_dir)
     c = m["counters"]
     assert c["files_jsonl"] == 2 and c["skipped_malformed_json"] == 2 and c["skipped_malformed_doc"] == 1
     assert c["skipped_empty_document"] == 1 and c["documents_read"] == 2 * 39 + 2 + 1
