@@ -531,7 +531,7 @@ def test_a_bad_first_jsonl_line_an_unclosed_doc_and_an_empty_document_are_dead_l
         '<doc id="3" url="u3" title="Gamma">\nGamma\nGamma is the third article. It is complete.\n</doc>\n')
     (d / "ctrl.txt").write_bytes(b"\x01\x02\x03 \x07\n")
     out = tmp_path / "c"
-    m = _built(bad_inputs, out, data_dir)
+    m = _built(d, out, data_dir)
     c = m["counters"]
     assert c["files_jsonl"] == 2 and c["skipped_malformed_json"] == 2 and c["skipped_malformed_doc"] == 1
     assert c["skipped_empty_document"] == 1 and c["documents_read"] == 2 * 39 + 2 + 1
