@@ -3,7 +3,8 @@ and in `--resume`'s conversion to DeepSpeed's universal format (run as a child p
 30-line traceback, exit 2 (a user error) and a half-written folder left filling the disk.
 
 The limits are real: a child process under a small RLIMIT_FSIZE (no mount needed), where torch's stream fails
-with its opaque error; and a small tmpfs for a full disk (the `tmpfs` fixture: root only, else skipped).
+with its opaque error; and a small tmpfs for a full disk (the `tmpfs` fixture: root only, else skipped). The
+conversions are DeepSpeed's own, of a real ZeRO-2 checkpoint (`zero2_run`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import resource
 import signal
 import subprocess
 import sys
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from repo_paths import REPO
+from zero2_run import STEPS, zero2_run
 
 LIMIT = 256 * 1024  # bytes: RLIMIT_FSIZE of the child processes; the files below are larger
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -38,22 +41,16 @@ def _run_limited(script: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-# Stands in for DeepSpeed's ds_to_universal (same command line): it writes a tensor file as that does, with
-# torch.save, bigger than the limit or the disk, after the console noise the real one makes.
-WRITING_CONVERTER = """
-import os, sys, torch
-out = sys.argv[sys.argv.index("--output_folder") + 1]
-sys.stderr.write("<frozen runpy>:128: RuntimeWarning: 'deepspeed.checkpoint.ds_to_universal' found in sys.modules\\n")
-sys.stderr.write("\\r 50%|#####     | 1/2 [00:00<00:00, 12.1it/s]")
-os.makedirs(os.path.join(out, "zero", "bert.embeddings.word_embeddings.weight"))
-torch.save({"param": torch.zeros(1 << 20)},
-           os.path.join(out, "zero", "bert.embeddings.word_embeddings.weight", "fp32.pt"))
-"""
+@pytest.fixture
+def checkpoints(small_corpus, tmp_path_factory, tmp_path) -> Path:
+    """A copy of a real ZeRO-2 run's last checkpoint (2 ranks), as `RUN/checkpoints/global_step8`."""
+    ckpt_dir = tmp_path / "run" / "checkpoints"
+    source = zero2_run(small_corpus, tmp_path_factory) / "checkpoints" / f"global_step{STEPS}"
+    shutil.copytree(source, ckpt_dir / TAG)
+    return ckpt_dir
 
 
-def _checkpoint(ckpt_dir: Path) -> None:
-    (ckpt_dir / "global_step4").mkdir(parents=True)
-    (ckpt_dir / "global_step4" / "bertpipe.json").write_text(json.dumps({"step": 4}))
+TAG = f"global_step{STEPS}"
 
 
 def test_a_torch_save_cut_by_a_file_size_limit_names_the_file_and_the_limit(tmp_path):
@@ -92,59 +89,53 @@ def test_an_opaque_write_error_with_space_left_names_the_file_written_last(tmp_p
         "([enforce fail at inline_container.cc:672] . unexpected pos 1075328 vs 1075216) with space left on its disk")
 
 
-def test_a_universal_conversion_past_a_file_size_limit_is_a_one_line_fault_and_its_folder_is_deleted(tmp_path):
-    ckpt_dir = tmp_path / "run" / "checkpoints"
-    _checkpoint(ckpt_dir)
+def test_a_universal_conversion_past_a_file_size_limit_is_a_one_line_fault_and_its_folder_is_deleted(checkpoints):
+    # DeepSpeed's ds_to_universal, run as a child process (inheriting the limit), on a real checkpoint.
     said = _run_limited("""
         import json, sys
         from pathlib import Path
         from launch.errors import disk_full_message
         from launch.pretrain import checkpoints, worker
-        checkpoints._SAFE_CONVERTER = sys.argv[2]
         ckpt_dir = Path(sys.argv[1])
         try:
-            checkpoints.convert_to_universal(ckpt_dir, "global_step4")
+            checkpoints.convert_to_universal(ckpt_dir, sys.argv[2])
         except Exception as err:
             print(json.dumps({"type": type(err).__name__, "said": disk_full_message(err, ckpt_dir.parent),
                               "exit": worker.report_fault(err, ckpt_dir.parent)}))
-        """, str(ckpt_dir), WRITING_CONVERTER)
-    staging = ckpt_dir / ".staging-global_step4_universal"
-    file = staging / "zero" / "bert.embeddings.word_embeddings.weight" / "fp32.pt"
+        """, str(checkpoints), TAG)
+    staging = checkpoints / f".staging-{TAG}_universal"
     assert said["type"] == "WriteDidNotFit" and said["exit"] == 1, said  # a fault: exit 1, worth a retry
-    assert said["said"] == (
-        f"file too large while writing {file}: it reached this process's file-size limit of {LIMIT} bytes "
-        "(`ulimit -f`); raise it (`ulimit -f unlimited`), then run the same command again")
-    assert not staging.exists() and sorted(p.name for p in ckpt_dir.iterdir()) == ["global_step4"]
+    assert said["said"].startswith(f"file too large while writing {staging}{os.sep}"), said
+    assert said["said"].endswith(f": it reached this process's file-size limit of {LIMIT} bytes (`ulimit -f`); raise "
+                                 "it (`ulimit -f unlimited`), then run the same command again"), said
+    assert "\n" not in said["said"] and not staging.exists() and sorted(p.name for p in checkpoints.iterdir()) == [TAG]
 
 
-def test_a_universal_conversion_on_a_full_disk_is_a_one_line_fault_and_frees_the_disk(tmpfs, monkeypatch):
+def test_a_universal_conversion_on_a_full_disk_is_a_one_line_fault_and_frees_the_disk(checkpoints, tmpfs):
     from launch.errors import WriteDidNotFit
-    from launch.pretrain import checkpoints
+    from launch.pretrain.checkpoints import convert_to_universal
 
-    disk = tmpfs(2 * 1024 * 1024)
-    ckpt_dir = disk / "run" / "checkpoints"
-    _checkpoint(ckpt_dir)
-    monkeypatch.setattr(checkpoints, "_SAFE_CONVERTER", WRITING_CONVERTER.replace("1 << 20", "1 << 22"))
+    size = sum(f.stat().st_size for f in (checkpoints / TAG).iterdir())
+    disk = tmpfs(size + 2 * 1024 * 1024)  # the checkpoint and 2 MiB: less than its conversion needs
+    ckpt_dir = Path(shutil.copytree(checkpoints, disk / "checkpoints"))
     with pytest.raises(WriteDidNotFit) as raised:
-        checkpoints.convert_to_universal(ckpt_dir, "global_step4")
-    staging = ckpt_dir / ".staging-global_step4_universal"
-    file = staging / "zero" / "bert.embeddings.word_embeddings.weight" / "fp32.pt"
-    assert str(raised.value) == (f"no space left on device while writing {staging} (the file written last there: "
-                                 f"{file}); free some space, then run the same command again")
+        convert_to_universal(ckpt_dir, TAG)
+    staging = ckpt_dir / f".staging-{TAG}_universal"
+    said = str(raised.value)
+    assert said.startswith(f"no space left on device while writing {staging}") and "\n" not in said, said
+    assert said.endswith("free some space, then run the same command again"), said
     assert not staging.exists() and os.statvfs(disk).f_bfree * os.statvfs(disk).f_frsize > 1024 * 1024
 
 
-def test_a_universal_conversion_that_fails_otherwise_is_one_line_a_user_error(tmp_path, monkeypatch):
+def test_a_universal_conversion_that_fails_otherwise_is_one_line_a_user_error(checkpoints):
     from launch.errors import raised_by_bertpipe
-    from launch.pretrain import checkpoints
+    from launch.pretrain.checkpoints import convert_to_universal
 
-    ckpt_dir = tmp_path / "checkpoints"
-    _checkpoint(ckpt_dir)
-    failing = WRITING_CONVERTER.replace("torch.save(", "raise KeyError('optimizer_state_dict'); torch.save(")
-    monkeypatch.setattr(checkpoints, "_SAFE_CONVERTER", failing)
+    (checkpoints / TAG / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()  # rank 1's optimizer state gone
     with pytest.raises(ValueError) as raised:
-        checkpoints.convert_to_universal(ckpt_dir, "global_step4")
-    assert str(raised.value) == (f"converting {ckpt_dir / 'global_step4'} to a universal checkpoint failed (KeyError: "
-                                 "'optimizer_state_dict'); resume with the original number of processes instead")
+        convert_to_universal(checkpoints, TAG)
+    said = str(raised.value)
+    assert said.startswith(f"converting {checkpoints / TAG} to a universal checkpoint failed (") and "\n" not in said
+    assert said.endswith("); resume with the original number of processes instead"), said
     assert raised_by_bertpipe(raised.value)  # the trainer's user-error path: exit 2
-    assert not (ckpt_dir / ".staging-global_step4_universal").exists()
+    assert not (checkpoints / f".staging-{TAG}_universal").exists()

@@ -26,28 +26,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from built_once import built_once
 from launch.checkpoint_dirs import sealed
 from repo_paths import GLUE
-
-BERTPIPE = Path(sys.executable).with_name("bertpipe")
-STEPS = 8
-TRAIN = ["--config", "tiny", "--max-steps", str(STEPS), "--save-every", "2", "--zero.stage", "2",
-         "--checkpoint.keep-last", "3", "--log.eval-every", "0", "--log.tensorboard", "false"]
-
-
-def bertpipe(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BERTPIPE), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-
+from zero2_run import STEPS, TRAIN, bertpipe, zero2_run
 
 @pytest.fixture(scope="module")
 def run(small_corpus, tmp_path_factory) -> Path:
-    def build(out: Path) -> None:
-        done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    return built_once(tmp_path_factory, "run_dir_safety_run", build)
+    return zero2_run(small_corpus, tmp_path_factory)
 
 
 def copy_run(run: Path, dest: Path) -> Path:
