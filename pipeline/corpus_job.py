@@ -320,10 +320,10 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
     # Checked before the manifest is written: a failed corpus stays recognisably unfinished.
     _check_result(config, counters, sum(s["num_instances"] for s in shard_infos), len(files),
                   len(tokens) if config.vocab is None else None)
-    if not any(s["num_instances"] for s in shard_infos if s["split"] == "train"):  # the documents that train made none
+    train = [s["num_instances"] for s in shard_infos if s["split"] == "train"]
+    if not any(train):  # the documents that train made none
         raise ValueError(f"every instance went to the heldout split, none to training (--heldout-fraction "
                          f"{config.heldout_fraction} of a few documents); lower --heldout-fraction or add input")
-    train = [s["num_instances"] for s in shard_infos if s["split"] == "train"]
     if config.num_shards and train.count(0):  # each a file to write, list, hash and open for nothing (5,000: 21 MB)
         log.warning("%d of the %d train shards are empty: --num-shards %d is more than the corpus's %d training "
                     "instances fill; lower it", train.count(0), len(train), config.num_shards, sum(train))

@@ -17,9 +17,7 @@ from apache_beam.transforms.window import GlobalWindows
 class WriteRecordFiles(beam.PTransform):
     """Lines -> files of exact names in `folder`, each bundle's in a file of its own, and `NAME.files.json`
     listing the files of the bundles that succeeded (a retried bundle's first file is in no list). Read back
-    with `read_record_files`. Beam's `WriteToText` finds its own files again by glob: a `[`, `*` or `?` in
-    --out broke it (`corpus[v1]`: "src and dst files do not exist"), and a glob over --out could take in
-    another folder's files. Here no path is ever matched as a pattern."""
+    with `read_record_files`."""
 
     def __init__(self, folder: str, name: str) -> None:
         super().__init__()

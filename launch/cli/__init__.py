@@ -101,8 +101,8 @@ def _stop_on_sigterm(children: bool = False) -> None:
     """SIGTERM stops a command as Ctrl-C does: its cleanup runs, one line says how to go on, exit 143.
     Without a handler it died at once, silently, mid-write; and as a container's PID 1 (the corpus and
     download Jobs run `bertpipe` without an init) the kernel ignored it until the grace period's SIGKILL.
-    `children`: the SIGTERM is passed on to this process's descendants first (`launch.stop_children`),
-    each time one comes. Commands that act on SIGTERM themselves (pretrain's checkpoint, the sweep's Ray
+    `children`: the SIGTERM is passed on first to the Beam worker processes this one started
+    (`launch.stop_children`), each time one comes. Commands that act on SIGTERM themselves (pretrain's checkpoint, the sweep's Ray
     driver) set their own handler over this one while they run."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         from launch.stop_children import stop_children  # imported now, not inside the handler

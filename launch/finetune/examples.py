@@ -186,10 +186,10 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def _listed(items, last: str = "and") -> str:
+def _listed(items) -> str:
     """`a and b`, `a, b and c`."""
     items = list(items)
-    return f" {last} ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} {last} {items[-1]}"
+    return " and ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def finite_score(raw) -> float:
