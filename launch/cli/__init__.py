@@ -114,11 +114,25 @@ def _stop_on_sigterm(children: bool = False) -> None:
         signal.signal(signal.SIGTERM, stop)
 
 
+def _local_rank_after_command(argv: list[str]) -> list[str]:
+    """`deepspeed --no_python bertpipe pretrain ...` starts `bertpipe --local_rank=N pretrain ...`: the launcher
+    puts its flag straight after the program, where the command's name belongs. It is moved after the name, for
+    the command's parser (which takes it and ignores it: LOCAL_RANK in the environment is what is used)."""
+    first = argv[0] if argv else ""
+    if first.startswith(("--local_rank=", "--local-rank=")):
+        lead = 1
+    elif first in ("--local_rank", "--local-rank"):
+        lead = 2
+    else:
+        return argv
+    return [*argv[lead:lead + 1], *argv[:lead], *argv[lead + 1:]]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand. `argv` None: this is the process's entry point (the console script,
     `python -m launch.cli`), which may bound its own exit after Ctrl-C; tests pass `argv`."""
     entry_point = argv is None
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _local_rank_after_command(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print(_top_level_help())
         return 0 if argv else 2

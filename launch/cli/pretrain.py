@@ -11,7 +11,7 @@ values a run used are in RUN/config.yaml. Locally, --nproc N starts N processes 
 on GPUs). On a cluster run the same trainer under a launcher instead:
 
   deepspeed --hostfile HOSTS --module launch.pretrain --config bert-large-phase1 --data CORPUS --out RUN
-  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-id RUN --rdzv-endpoint HOST:29500 \
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-id RUN --rdzv-endpoint HOST:29500 \\
       -m launch.pretrain --config ... ...
 
 The run directory gets config.yaml (resolved), ds_config.json (generated), vocab.txt,

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ignored under deepspeed/torchrun, which set the world themselves")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --out (a fresh start if there is none)")
-    # The deepspeed launcher appends --local_rank (also to `deepspeed --no_python bertpipe pretrain ...`);
+    # The deepspeed launcher appends --local_rank (`deepspeed --no_python bertpipe pretrain ...` puts it before
+    # the command name, from where launch.cli moves it here);
     # LOCAL_RANK in the environment is what we use.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     add_config_flags(parser, PretrainConfig, aliases=ALIASES,

@@ -89,3 +89,13 @@ def test_a_hostfile_it_refuses_is_one_line_and_a_user_error(tmp_path) -> None:
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, out
     assert "deepspeed runner: Hostfile contains multiple entries for node-1" in out and "Traceback" not in out, out
+
+
+def test_the_bertpipe_command_takes_the_local_rank_the_launcher_puts_before_its_name() -> None:
+    # `deepspeed --no_python bertpipe pretrain ...` starts `bertpipe --local_rank=N pretrain ...` on each rank,
+    # which was refused: "unknown command '--local_rank=0'", exit 2.
+    bertpipe = os.path.join(os.path.dirname(sys.executable), "bertpipe")
+    proc = _runner("--num_gpus", "2", "--no_python", bertpipe, "pretrain", "--help")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert out.count("usage: bertpipe pretrain") == 2 and "unknown command" not in out, out
