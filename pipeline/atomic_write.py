@@ -11,15 +11,21 @@ from pathlib import Path
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, *, durable: bool = True) -> Path:
-    """Write `text` to a temporary name beside `path`, then rename it into place.
+    """Write `text` (UTF-8) to a temporary name beside `path`, then rename it into place."""
+    return write_bytes_atomic(path, text.encode("utf-8"), durable=durable)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> Path:
+    """Write `data` to a temporary name beside `path`, then rename it into place. The rename replaces a
+    link at `path` rather than writing through it (a run branched with `cp -rs` keeps its source intact).
 
     durable: fsync the data before the rename and the folder after it, so that the rename itself
     survives a power loss (what a resume relies on); off for files that are only progress hints.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         if durable:
             f.flush()
             os.fsync(f.fileno())

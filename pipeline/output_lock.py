@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from pipeline.atomic_write import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".bertpipe.lock"
@@ -282,4 +284,5 @@ def mark_output(out: Path, marker: str, command: str) -> None:
     """Create `out` with the `marker` that lets later runs of `command` rewrite their own files there."""
     out.mkdir(parents=True, exist_ok=True)
     if not (out / marker).is_file():
-        (out / marker).write_text(f"written by `bertpipe {command}`, which may rewrite its own files here\n")
+        # In place of a link (a dangling one fails is_file) rather than through it, to wherever it points.
+        write_text_atomic(out / marker, f"written by `bertpipe {command}`, which may rewrite its own files here\n")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.pretrain.pretrain_config import PretrainConfig
+from pipeline.atomic_write import write_text_atomic
 
 
 def deepspeed_config(cfg: PretrainConfig, *, world_size: int, grad_accum: int) -> dict[str, Any]:
@@ -65,5 +66,6 @@ def deepspeed_config(cfg: PretrainConfig, *, world_size: int, grad_accum: int) -
 
 
 def write_deepspeed_config(ds: dict[str, Any], path: Path) -> None:
+    """Write the generated JSON in place of any earlier file or link (never through it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(ds, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_text_atomic(path, json.dumps(ds, indent=2, sort_keys=True) + "\n")

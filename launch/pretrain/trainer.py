@@ -33,6 +33,7 @@ from launch.pretrain.launcher import STOP_SIGNALS
 from launch.pretrain.training_log import MetricsWriter, flops_per_token, spec_peak_tflops
 from launch.pretrain.optimizers import Lamb, attach_zero_partitioning, build_optimizer
 from launch.pretrain.schedule import apply_after_load, build_scheduler
+from pipeline.atomic_write import write_bytes_atomic
 from pipeline.corpus_info import open_corpus
 from pipeline.loader import PretrainLoader, ShardedSplit, heldout_batches
 from pipeline.masking import derive_seed
@@ -139,7 +140,7 @@ class Trainer:
         if self.rank == 0:  # after a resume loaded: a refused one leaves the run's own config in place
             save_config(cfg, self.run_dir / "config.yaml")
             write_deepspeed_config(ds, self.run_dir / "ds_config.json")
-            (self.run_dir / "vocab.txt").write_bytes(self.vocab_file.read_bytes())
+            write_bytes_atomic(self.run_dir / "vocab.txt", self.vocab_file.read_bytes())
         self.train_split = ShardedSplit(corpus, "train")
         self.heldout = ShardedSplit(corpus, "heldout")
         self.loader = PretrainLoader(

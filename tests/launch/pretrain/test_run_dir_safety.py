@@ -222,15 +222,28 @@ def test_resume_names_the_model_field_that_differs_allows_how_the_model_runs_and
     assert metrics(out) == metrics(run)  # recomputing activations changes no loss
 
 
-def test_resume_without_latest_continues_from_the_newest_checkpoint(run, small_corpus, tmp_path):
+def test_resume_without_latest_continues_from_the_newest_checkpoint_replacing_links_not_their_targets(
+        run, small_corpus, tmp_path):
     out = stopped_after(run, tmp_path / "run", saved=6, logged=7)
     (out / "checkpoints" / "latest").unlink()
+    # A run branched with `cp -rs`: its files are links into the original, which the resume must not rewrite
+    # (ds_config.json and vocab.txt were written through them, and a dangling marker link to where it points).
+    theirs = {name: tmp_path / f"original-{name}" for name in ("ds_config.json", "vocab.txt", ".bertpipe-run")}
+    for name, target in theirs.items():
+        if name != ".bertpipe-run":
+            target.write_text(f"the original run's {name}\n")
+        (out / name).unlink()
+        (out / name).symlink_to(target)
     done = bertpipe("pretrain", "--data", small_corpus, "--out", out, "--nproc", "2", *TRAIN, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "latest is missing: using the newest complete checkpoint, global_step6" in done.stderr
     assert "resumed from global_step6" in done.stderr and "last line was cut short" in done.stderr
     # The history is kept, and the steps after the checkpoint are the uninterrupted run's, bit for bit.
     assert metrics(out) == metrics(run)
+    assert not (tmp_path / "original-.bertpipe-run").exists()
+    for name in ("ds_config.json", "vocab.txt"):
+        assert theirs[name].read_text() == f"the original run's {name}\n"
+        assert not (out / name).is_symlink() and (out / name).read_bytes() == (run / name).read_bytes()
 
 
 @pytest.mark.slow
