@@ -13,18 +13,20 @@ driver lives, the watchdog keeps a list of the processes below the driver that w
 environment. When the driver ends
 (its pipe reaches EOF: a normal stop, an exception, or a SIGKILL nothing can catch; or the watchdog is
 re-parented), the watchdog kills those processes and removes the temp dir if bertpipe created it (the
-marker file `MARKER` proves it).
+marker file `MARKER` proves it), and the folders above it the sweep created for it, while empty.
+Which cluster an address means, and what is refused beside one: `launch.finetune.ray_address`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
+import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +34,10 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
+
+if __name__ != "__main__":  # for ray_session; the watchdog (this file run as a script) uses the standard library alone
+    from launch.finetune.ray_sigterm import _EndIfStuck, _SigtermKept, _sigterm_as_interrupt
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +48,7 @@ OWNER_ENV = "BERTPIPE_RAY_OWNER"
 # Ray process starts the metric recorder or its exporter thread.
 NO_METRICS = {"enable_metrics_collection": False, "enable_open_telemetry": False}
 MARKER = ".bertpipe-ray-temp"
+PARENTS_MADE = "parents created: "  # a marker line: how many folders above the temp dir the sweep created
 # Ray puts a socket at TEMP/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store, and a Unix socket's
 # path has at most 107 bytes (Ray refuses longer ones mid-start, with a traceback): what that leaves TEMP.
 _SOCKET_UNDER_TEMP = "/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
@@ -139,16 +145,48 @@ def stop_processes(known: dict[int, int], token: str) -> int:
 
 
 def remove_temp_dir(temp_dir: Path) -> bool:
-    """Delete a Ray temp dir, only if bertpipe created it (its marker file is there)."""
-    if (temp_dir / MARKER).is_file():
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        return True
-    return False
+    """Delete a Ray temp dir, only if bertpipe created it (its marker file is there), and the parents it
+    created for it (the marker counts them), those only while empty: nothing anyone else put there goes."""
+    try:
+        made = re.findall(rf"^{PARENTS_MADE}(\d+)$", (temp_dir / MARKER).read_text(), re.MULTILINE)
+    except (OSError, UnicodeDecodeError):
+        return False
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    _remove_parents(temp_dir, int(made[0]) if made else 0)
+    return True
+
+
+def _remove_parents(path: Path, count: int) -> None:
+    for parent in list(path.parents)[:count]:
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (someone else's file), or gone: it and those above stay
+            return
+
+
+def _make_dirs(path: Path) -> int:
+    """Create `path` and its missing parents; how many parents it created. An OSError (a parent is a file,
+    /proc, no permission) is a ValueError naming --ray-temp-dir, and leaves nothing created behind."""
+    missing = list(itertools.takewhile(lambda p: not os.path.lexists(p), [path, *path.parents]))
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
+    except OSError as err:
+        for folder in reversed(made):
+            folder.rmdir()
+        raise ValueError(f"cannot create --ray-temp-dir {path}: {err.strerror}: {err.filename}; name a folder that "
+                         "can be created (or leave the flag out)") from None
+    return len(missing) - 1
 
 
 def check_temp_dir(temp_dir: str) -> None:
     """Refuse a --ray-temp-dir that is a file (Ray's own error named --out, and left a sweep half-started
-    there), or whose path leaves Ray's sockets under it no room (TEMP_DIR_MAX)."""
+    there), whose path leaves Ray's sockets under it no room (TEMP_DIR_MAX), or that cannot be created (tried
+    here, and undone, before anything is written to --out: a traceback, or an error blaming --out, came later)."""
+    if not temp_dir:
+        raise ValueError("--ray-temp-dir is empty; name a directory (or leave the flag out)")
     if os.path.exists(temp_dir) and not os.path.isdir(temp_dir):
         raise ValueError(f"--ray-temp-dir {temp_dir} is a file; name a directory (or leave the flag out)")
     length = len(os.fsencode(Path(temp_dir).resolve()))
@@ -156,10 +194,16 @@ def check_temp_dir(temp_dir: str) -> None:
         raise ValueError(f"--ray-temp-dir {temp_dir} is {length} bytes long as an absolute path; Ray's socket files "
                          f"under it would pass the 107-byte limit of a Unix socket path: name one of at most "
                          f"{TEMP_DIR_MAX} (or leave the flag out)")
+    path = Path(temp_dir).resolve()
+    if not path.exists():
+        parents = _make_dirs(path)
+        path.rmdir()
+        _remove_parents(path, parents)
 
 
 def _make_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
     """(the temp dir, whether bertpipe created it and so may delete it)."""
+    made = ""  # the marker's count of the parents created for it, removed with it
     if temp_dir is None:
         base = tempfile.gettempdir()
         if len(os.fsencode(base)) + len("/bertpipe-ray-12345678") > TEMP_DIR_MAX:
@@ -170,9 +214,11 @@ def _make_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
         path = Path(temp_dir).resolve()
         if path.exists():  # the user's folder, even an empty one: used, never deleted
             return path, False
-        path.mkdir(parents=True)
+        parents = _make_dirs(path)
+        if parents:
+            made = f"{PARENTS_MADE}{parents}\n"
     (path / MARKER).write_text(f"created by bertpipe sweep (pid {os.getpid()}) for its local Ray; "
-                               "deleted when that sweep ends\n")
+                               f"deleted when that sweep ends\n{made}")
     return path, True
 
 
@@ -263,16 +309,19 @@ def check_trial_fits(wants: dict[str, tuple[str, float]], have: dict[str, float]
 def ray_session(address: str | None = None, num_cpus: int | None = None,
                 temp_dir: str | None = None) -> Iterator[None]:
     """Use the Ray already initialised in this process, the cluster at `address` (or RAY_ADDRESS, as
-    under `ray job submit`), or else a local Ray that is stopped and cleaned up however this process ends."""
+    under `ray job submit`; `launch.finetune.ray_address`), or else a local Ray that is stopped and cleaned
+    up however this process ends. `num_cpus` and `temp_dir` (None: not given) are the local Ray's alone."""
     import ray
+
+    from launch.finetune.ray_address import check_address, connect, effective_address
 
     if ray.is_initialized():
         yield
         return
-    address = address or os.environ.get("RAY_ADDRESS")
+    check_address(address, num_cpus, temp_dir)  # e.g. --num-cpus beside an address: refused, not ignored
     sigterm = _SigtermKept()
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+    if effective_address(address)[0]:
+        connect(address)  # one line, not Ray's traceback (or minutes of retries), where the cluster is not there
         try:
             with _sigterm_as_interrupt():
                 yield
@@ -291,106 +340,6 @@ def ray_session(address: str | None = None, num_cpus: int | None = None,
             local.stop()
         finally:
             deadline.close()
-
-
-class _SigtermKept:
-    """The process's SIGTERM handler before Ray's: `ray.init` sets its own, and `ray.shutdown` leaves SIGTERM at
-    the operating system's default (Python still reports Ray's), which killed the process silently after the
-    sweep (writing its results, or the rest of `bertpipe demo`). `restore` puts the earlier one back."""
-
-    def __init__(self) -> None:
-        self.main = threading.current_thread() is threading.main_thread()
-        self.handler = signal.getsignal(signal.SIGTERM) if self.main else None
-
-    def restore(self) -> None:
-        if self.main and self.handler is not None:
-            signal.signal(signal.SIGTERM, self.handler)
-
-
-class _EndIfStuck:
-    """Ends this process (the command's interrupt line, exit 143) if it has not stopped `seconds` after a SIGTERM.
-
-    A SIGTERM to the whole process group (`timeout`, a terminal's `kill -TERM -PGID`) stops the local Ray's GCS
-    too. A driver then blocked in a call to the GCS (Tune polls its resources) neither runs its Python signal
-    handler nor returns: Ray ends the process itself 60 s after the GCS went, with exit 1 and a line of its
-    own; and one whose handler did run can block the same way in `ray.shutdown`. The signal is seen here by
-    the C-level handler's write to `signal.set_wakeup_fd`, which happens even while the main thread is
-    blocked; then, after `seconds`, the watchdog is handed the clean-up (`before_exit`) and the process ends."""
-
-    def __init__(self, seconds: float, before_exit: Callable[[], None]):
-        self.done = threading.Event()
-        # Who ends the process is decided once, under this lock: the deadline (which then prints the line), or
-        # the main thread's `close` (whose caller prints it); never both.
-        self._decide = threading.Lock()
-        self._ending = False
-        self.previous = None
-        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-            return
-        self.reader, self.writer = socket.socketpair()
-        self.writer.setblocking(False)
-        self.previous = signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, args=(seconds, before_exit), name="bertpipe-sigterm-deadline",
-                         daemon=True).start()
-
-    def _watch(self, seconds: float, before_exit: Callable[[], None]) -> None:
-        from launch.errors import Terminated, stopped_line
-
-        with self.reader:
-            while signal.SIGTERM not in (chunk := self.reader.recv(64)):
-                if not chunk:  # closed: the session ended
-                    return
-            if self.done.wait(seconds):
-                return
-            with self._decide:
-                if self.done.is_set():
-                    return
-                self._ending = True
-            try:
-                before_exit()
-            finally:
-                print(stopped_line(Terminated()), file=sys.stderr, flush=True)
-                sys.stdout.flush()  # os._exit skips the interpreter's own flush
-                os._exit(Terminated.exit_code)
-
-    def close(self) -> None:
-        with self._decide:
-            self.done.set()
-            ending = self._ending
-        if ending:  # the deadline ends the process and prints the line: nothing here may print after it
-            threading.Event().wait()
-        if self.previous is None:
-            return
-        mine = signal.set_wakeup_fd(self.previous)
-        if mine != self.writer.fileno():  # another wakeup fd replaced ours meanwhile: it stays
-            signal.set_wakeup_fd(mine)
-        self.writer.close()  # the reader sees EOF
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the driver as Ctrl-C does (finished trials kept, one line, exit 143). Ray's own handler,
-    set by `ray.init`, printed a stack dump and exited 1, or aborted (134) when the whole group got it."""
-    from launch.errors import Terminated
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    received: list[int] = []
-
-    def stop(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    except KeyboardInterrupt:
-        if received:  # Tune re-raises a plain KeyboardInterrupt of its own
-            raise Terminated from None
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _cleanup(known: dict[int, int], token: str, temp_dir: Path, owned: bool) -> tuple[int, bool]:

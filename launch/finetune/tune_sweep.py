@@ -5,8 +5,9 @@
                        grid="quick", overrides={"max_train_samples": 2000})
     print(result.table)
 
-Runs on an embedded local Ray unless an address is given (`auto`, `ray://...`) or the process was
-started by `ray job submit` (RAY_ADDRESS set); the local Ray never outlives the sweep, even a killed one
+Runs on an embedded local Ray unless an address is given (`auto`: the cluster `ray start` recorded on this
+machine; `HOST:PORT`; `ray://...`) or the process was started by `ray job submit` (RAY_ADDRESS set;
+`launch.finetune.ray_address`); the local Ray never outlives the sweep, even a killed one
 (`launch.finetune.local_ray`). Crashed trials are retried (`FailureConfig(max_failures)`).
 
 Nothing finished is run twice: a trial that finishes first writes OUT/trials/<trial>/trial_result.json
@@ -26,7 +27,6 @@ import dataclasses
 import itertools
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,8 @@ import yaml
 from launch.config import StrictYamlLoader, coerce_field, from_dict, to_dict, yaml_problem
 from launch.finetune import table7
 from launch.finetune.finetune_config import FinetuneConfig
-from launch.finetune.local_ray import check_trial_fits, ray_session
+from launch.finetune.local_ray import check_temp_dir, check_trial_fits, ray_session
+from launch.finetune.ray_address import check_address, effective_address, gpus_per_trial as default_gpus
 from launch.finetune.trial_records import inputs_fingerprint, read_record, write_record
 from launch.finetune.report import markdown_table, plot_grid, summarize, system_rows
 from launch.finetune.tasks import get_task
@@ -102,8 +103,21 @@ def load_grid(grid: str | Path | dict[str, Any]) -> dict[str, list[Any]]:
     if empty:  # else no trial, and a table and plot of nothing
         raise ValueError(f"grid key {empty[0]} has no values; give it at least one, e.g. `{empty[0]}: [...]`, or drop it")
     # Typed now, not in each trial: `lr: [5e-5]` is a string to YAML, and the table formats it as a number.
-    return {k: [coerce_field(FinetuneConfig, k, x, f"grid {k}") for x in (v if isinstance(v, (list, tuple)) else [v])]
-            for k, v in raw.items()}
+    typed = {k: [coerce_field(FinetuneConfig, k, x, f"grid {k}")
+                 for x in (v if isinstance(v, (list, tuple)) else [v])] for k, v in raw.items()}
+    for key, values in typed.items():
+        refuse_repeats(key, values)
+    return typed
+
+
+def refuse_repeats(name: str, values: Sequence[Any]) -> None:
+    """A value listed twice (`lr: [5.0e-5, 5.0e-5]`, or `5e-5` and `0.00005`) is the same trials twice: refused
+    as that, where the trial-folder clash it leads to advised making the values differ."""
+    for i, value in enumerate(values):
+        times = sum(1 for other in values if other == value)
+        if times > 1 and next(j for j, other in enumerate(values) if other == value) == i:
+            raise ValueError(f"{name} lists {value} {'twice' if times == 2 else f'{times} times'}; "
+                             "remove the repeated value")
 
 
 def refuse_unused_grid_keys(grid: Any, grid_values: dict[str, list[Any]], config: FinetuneConfig) -> None:
@@ -202,8 +216,8 @@ def _trainable(config: dict[str, Any]) -> None:
 
 def holds_sweep(out: str | Path) -> bool:
     """Whether `out` already holds a (finished or interrupted) sweep, which only `resume=True` continues.
-    Our settings file is the proof (written before Ray starts): a folder named `tune` is anyone's, and so
-    is a `sweep_config.json` that does not hold the settings a sweep writes."""
+    Our settings file is the proof (written once Ray is up, before Tune writes into `out`): a folder named
+    `tune` is anyone's, and so is a `sweep_config.json` that does not hold the settings a sweep writes."""
     try:
         saved = json.loads((Path(out) / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -264,10 +278,12 @@ def run_sweep(
     """Run (or resume) a sweep and write OUT/results.json, OUT/results.md and OUT/sweep.png.
 
     `overrides` are FinetuneConfig fields applied to every trial (e.g. max_train_samples); `seeds`
-    is a count (seeds 1..N) or explicit seeds. `gpus_per_trial=None` takes 1 GPU per trial when the
-    cluster has GPUs, else 0. With `resume=True`, trials with a verified record are kept (Ray is not
-    even started when all are), the others run. `given`: the settings the user set by flag; one that every
-    trial takes from its grid point instead is refused (it was ignored without a word).
+    is a count (seeds 1..N) or explicit seeds. `gpus_per_trial=None` takes 1 GPU per trial when Ray has a
+    GPU now, else 0 on the local Ray and a refusal on a cluster (`ray_address.gpus_per_trial`). `num_cpus`
+    and `temp_dir` (None: not given) are the local Ray's, refused beside an address. With `resume=True`,
+    trials with a verified record are kept (Ray is not even started when all are), the others run. `given`:
+    the settings the user set by flag; one that every trial takes from its grid point instead is refused (it
+    was ignored without a word).
     """
     out = Path(out).resolve()
     canonical = [get_task(t).name for t in tasks]  # validates names, canonical spelling
@@ -279,6 +295,11 @@ def run_sweep(
     seed_list = list(range(1, seeds + 1)) if isinstance(seeds, int) else list(seeds)
     if not seed_list:
         raise ValueError("--seeds must be at least 1")
+    refuse_repeats("seeds", seed_list)
+    # Before anything is written or started: the address, flags only the local Ray reads, the temp dir.
+    check_address(address, num_cpus, temp_dir)
+    if temp_dir is not None:
+        check_temp_dir(temp_dir)
     base = base_settings(tasks[0], checkpoint, data_dir, overrides, cpus_per_trial)
     # Every trial's settings must be valid before Ray starts anything.
     points = table7.points(tasks, seed_list) if table7.is_table7(grid) else expand(tasks, grid_values, seed_list)
@@ -318,16 +339,14 @@ def run_sweep(
         logger.info("resuming the sweep in %s: %d of %d trials already finished, %d to run",
                     out, len(recorded), len(points), len(pending))
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / CONFIG_FILE, json.dumps(
-        {"tasks": tasks, "grid": grid_values, "seeds": seed_list, "base": base}, indent=2) + "\n")
-    try:
-        outcomes = _run_trials(pending, base, out, inputs, address=address, num_cpus=num_cpus, temp_dir=temp_dir,
-                               cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
-                               max_failures=max_failures, crash_first_attempt=crash_first_attempt) if pending else {}
-    except ValueError:  # refused before any trial ran (resources Ray lacks): no sweep there to --resume
-        if not resume:
-            (out / CONFIG_FILE).unlink(missing_ok=True)
-        raise
+    config = json.dumps({"tasks": tasks, "grid": grid_values, "seeds": seed_list, "base": base}, indent=2) + "\n"
+    if pending:  # CONFIG_FILE is written once Ray is up and the trials' resources are accepted (`_run_trials`)
+        outcomes = _run_trials(pending, base, out, inputs, config, address=address, num_cpus=num_cpus,
+                               temp_dir=temp_dir, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
+                               max_failures=max_failures, crash_first_attempt=crash_first_attempt)
+    else:
+        write_text_atomic(out / CONFIG_FILE, config)
+        outcomes = {}
     trials = []
     for p in points:
         # A trial's record is the truth; Tune's report stands in only where OUT/trials is not visible here.
@@ -337,13 +356,19 @@ def run_sweep(
             metrics = outcome.get("metrics")
         error = None if metrics is not None else outcome.get("error") or "the trial did not finish"
         trials.append({"point": p, "metrics": metrics, "error": error})
-    return write_results(out, trials, name=name or Path(checkpoint).name, grid=grid)
+    # Resolved: `--checkpoint .` (or `..`) named the system "" in results.md, sweep.png and Table 7.
+    resolved = Path(checkpoint).resolve()
+    return write_results(out, trials, name=name or resolved.name or str(resolved), grid=grid)
 
 
-def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, inputs: str, *, address: str | None,
-                num_cpus: int | None, temp_dir: str | None, cpus_per_trial: float, gpus_per_trial: float | None,
-                max_failures: int, crash_first_attempt: int | None) -> dict[int, dict[str, Any]]:
-    """Run `pending` as one Tune experiment in OUT/tune; per trial index, Tune's metrics or error."""
+def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, inputs: str, config: str, *,
+                address: str | None, num_cpus: int | None, temp_dir: str | None, cpus_per_trial: float,
+                gpus_per_trial: float | None, max_failures: int, crash_first_attempt: int | None
+                ) -> dict[int, dict[str, Any]]:
+    """Run `pending` as one Tune experiment in OUT/tune; per trial index, Tune's metrics or error. `config`
+    (CONFIG_FILE's text) is written once Ray is up and the trials fit it, before Tune writes into OUT: a sweep
+    refused before that (no Ray there, a temp dir it cannot create, resources) left it behind, and the same
+    command, corrected, was refused as "already holds a sweep"."""
     import ray
     from ray import tune
 
@@ -351,10 +376,10 @@ def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, 
 
     with ray_session(address, num_cpus, temp_dir):
         have = ray.cluster_resources()
-        if gpus_per_trial is None:
-            gpus_per_trial = 1 if have.get("GPU", 0) >= 1 else 0
+        gpus_per_trial = default_gpus(gpus_per_trial, have, address)
         check_trial_fits({"--cpus-per-trial": ("CPU", cpus_per_trial), "--gpus-per-trial": ("GPU", gpus_per_trial)},
-                         have, address or os.environ.get("RAY_ADDRESS"))
+                         have, effective_address(address)[0])
+        write_text_atomic(out / CONFIG_FILE, config)
         trainable = tune.with_resources(_trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
         tuner = tune.Tuner(
             trainable,

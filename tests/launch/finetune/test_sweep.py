@@ -421,7 +421,7 @@ def test_ray_job_submit_to_a_local_head(tiny_checkpoint, tmp_path):
         submit = [str(bin_dir / "ray"), "job", "submit", f"--address=http://127.0.0.1:{dash}", f"--working-dir={REPO}",
                   "--", "bertpipe", "sweep", "--tasks", "sst2", "--grid", "quick", "--checkpoint", str(tiny_checkpoint),
                   "--data-dir", str(GLUE), "--out", str(out), "--max-train-samples", "32", "--max-eval-samples", "32",
-                  "--max-seq-len", "32"]
+                  "--max-seq-len", "32", "--gpus-per-trial", "0"]  # a cluster without a GPU: required, said
         job = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=420)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "| System | SST-2 | Average |" in job.stdout
