@@ -3,9 +3,10 @@
 Keeps the best config per task on dev and writes OUT/results.json, OUT/results.md (laid out like the
 BERT paper's GLUE table: tasks as columns, an average) and OUT/sweep.png. Any `bertpipe finetune`
 flag applies to every trial, except the settings the grid varies (e.g. --lr, --batch-size, --epochs)
-and --seed, which each trial takes from its grid point and seed index, and --task, --save-model and
---progress (trials keep their models only with --save-models, and show no progress bar). Crashed trials are retried (--max-failures); an interrupted sweep
-continues with --resume (finished trials are kept).
+and --seed, which each trial takes from its grid point and seed index (given by flag, --set or
+--config, they are refused), and --task, --save-model and --progress (trials keep their models only
+with --save-models, and show no progress bar). Crashed trials are retried (--max-failures); an
+interrupted sweep continues with --resume (finished trials are kept).
 
 Grids: paper (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), quick (batch 32 x lr 5e-5/3e-5 x 1
 epoch), table7 (with --tasks conll2003: the six feature-based rows of the paper's Table 7 and the
@@ -15,8 +16,9 @@ A grid may not vary what its trials do not use: --feature-based trials learn at 
 
 examples:
   bertpipe sweep --tasks sst2,mrpc,rte --checkpoint runs/base --data-dir data/glue --out out/sweep
-  ray job submit --working-dir . -- bertpipe sweep --tasks sst2 --checkpoint ... --address auto ...
-  ray submit deploy/ray-cluster.yaml launch/cli/__main__.py sweep --tasks sst2 ... --address auto   (see docs/finetune.md)
+  ray job submit --working-dir . -- bertpipe sweep --tasks sst2 --checkpoint ... --gpus-per-trial 1 ...
+  ray submit deploy/ray-cluster.yaml launch/cli/__main__.py sweep --tasks sst2 ... --address auto --gpus-per-trial 1
+      (see docs/finetune.md; on a cluster, --gpus-per-trial is required while it has no GPU yet)
 
 Test hook: env BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT=i crashes trial i on its first attempt only.
 """
@@ -24,12 +26,15 @@ Test hook: env BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT=i crashes trial i on its first
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from pathlib import Path
+from typing import Any
 
 from launch.errors import CliError
-from launch.cli.finetune import add_finetune_arguments, config_from_args
-from launch.config import to_dict
-from launch.config_flags import config_from_args as config_from_args_of, given_flags
+from launch.cli.finetune import _DEFAULTS, add_finetune_arguments, config_from_args
+from launch.config import coerce_field, load_yaml, to_dict
+from launch.config_flags import config_from_args as config_from_args_of, flag_of, given_flags
 from launch.finetune.finetune_config import FinetuneConfig, canonical_task
 
 
@@ -43,15 +48,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "| FILE.yaml (default: paper)")
     parser.add_argument("--seeds", type=int, default=1, help="random restarts per grid point (seeds 1..N; default 1)")
     parser.add_argument("--address", default=None,
-                        help="Ray cluster to use: auto | ray://HOST:10001 (default: a local Ray, or RAY_ADDRESS under `ray job submit`)")
+                        help="Ray cluster to use: auto (the one `ray start` recorded on this machine) | HOST:6379 | ray://HOST:10001 "
+                             "(default: a local Ray, or RAY_ADDRESS under `ray job submit`)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the sweep already in --out: finished trials are kept, only the others run")
     parser.add_argument("--cpus-per-trial", type=float, default=1, help="CPUs reserved by each trial (default 1)")
-    parser.add_argument("--gpus-per-trial", type=float, default=None, help="GPUs per trial (default: 1 if the cluster has GPUs)")
+    parser.add_argument("--gpus-per-trial", type=float, default=None, help="GPUs per trial (default: 1 if Ray has a GPU now, else 0 on the local Ray; "
+                             "on a cluster without a GPU now it must be given)")
     parser.add_argument("--max-failures", type=int, default=1, help="retries of a crashed trial (default 1)")
-    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all; refused with --address)")
     parser.add_argument("--ray-temp-dir", default=None,
-                        help="temp dir of the local Ray (default: a fresh private one); deleted at the end if bertpipe created it")
+                        help="temp dir of the local Ray (default: a fresh private one; refused with --address); deleted at "
+                             "the end if bertpipe created it")
     parser.add_argument("--save-models", action="store_true", help="keep every trial's fine-tuned model")
     parser.add_argument("--name", default=None,
                         help="the checkpoint's name in results.md and sweep.png (default: its folder's name)")
@@ -59,6 +67,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_finetune_arguments(parser, skip=("task", "save_model", "progress"), help_texts={
         "out": "sweep directory: results.md, results.json, sweep.png, sweep_config.json, tune/ (Ray Tune's state) "
                "and trials/<trial>/ (each a fine-tuning run's output)"})
+    # --seed stays a flag so that giving it is refused in words (see run), but --help must not offer it:
+    # it was listed with "(default: 42)" although every trial takes its seed from --seeds.
+    for action in parser._actions:
+        if "--seed" in action.option_strings:
+            action.help = argparse.SUPPRESS
+
+
+# Settings a sweep gives every trial itself: set by flag, `--set` or --config, they were ignored without a word.
+_SWEEP_SETS = {
+    "seed": "trials run seeds 1..N; set N with --seeds",
+    "task": "name the tasks with --tasks",
+    "save_model": "keep every trial's model with --save-models",
+    "progress": "trials show no progress bar (Ray collects their logs)",
+}
 
 
 def _sets_max_seq_len(args: argparse.Namespace, cfg: FinetuneConfig) -> bool:
@@ -79,6 +101,58 @@ def trial_overrides(args: argparse.Namespace, tasks: list[str]) -> tuple[Finetun
     return cfg, overrides
 
 
+def _grid_keys(grid: str, tasks: list[str]) -> set[str]:
+    """The settings every trial takes from its grid point (as `run_sweep` expands the grid)."""
+    from launch.finetune import table7
+    from launch.finetune.tune_sweep import load_grid
+
+    if table7.is_table7(grid):
+        return {k for p in table7.points(tasks, [1]) for k in p} - {"index", "task", "seed"}
+    return set(load_grid(grid))
+
+
+def refuse_ignored_config_keys(config: str | None, grid: str, tasks: list[str]) -> None:
+    """Refuse a key of the --config file that no trial would use: the sweep sets it (seed, task, ...) or every grid
+    point does. Refused, not warned as `finetune` warns of keys its task does not read: a trial of some other
+    task reads those, while these are read by none, and sweep_config.json recorded them as if used. A key
+    counts where the file sets it (not null, not the default): a run's own saved config.yaml holds every key."""
+    if not config:
+        return
+    in_file: dict[str, Any] = {}
+    for key, value in load_yaml(config).items():
+        typed = coerce_field(FinetuneConfig, key, value, f"--config {config}: {key}")  # `2e-5` is text to YAML
+        if typed is not None and typed != _DEFAULTS.get(key):
+            in_file[key] = value
+    for key, why in _SWEEP_SETS.items():
+        if key in in_file:
+            raise CliError(f"--config {config} sets {key}: {in_file[key]}, which is not a sweep setting: {why}; "
+                           f"drop {key} from {config}")
+    varied = sorted(set(in_file) & _grid_keys(grid, tasks)) if in_file else []
+    if varied:
+        key = varied[0]
+        raise CliError(f"--config {config} sets {key}: {in_file[key]}, but every trial takes {key} from its grid "
+                       f"point ({grid}); drop {key} from {config}, or use a grid file that does not vary {key}")
+
+
+def check_inputs(cfg: FinetuneConfig) -> None:
+    """--data-dir and --checkpoint, before Ray starts: each trial found them missing some 20 s in, in a line of its
+    own. The checkpoint is opened as every trial opens it (a RUN dir or a Hugging Face dir; a RUN's checkpoint is
+    exported once, here, and the trials find the export)."""
+    from launch.finetune.checkpoint import open_checkpoint
+
+    for flag, path in (("--data-dir", Path(cfg.data_dir)), ("--checkpoint", Path(cfg.checkpoint))):
+        if not path.exists():
+            raise CliError(f"{flag} {path} does not exist; "
+                           + ("pass the folder of the tasks' data" if flag == "--data-dir" else
+                              "pass a bertpipe RUN directory or a Hugging Face model directory"))
+    if not Path(cfg.data_dir).is_dir():
+        raise CliError(f"--data-dir {cfg.data_dir} is a file, not a directory; pass the folder of the tasks' data")
+    try:
+        open_checkpoint(cfg.checkpoint, cfg.vocab)
+    except ValueError as err:  # DataError: what is wrong with it, in one line
+        raise CliError(str(err)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from launch.log import setup_logging
 
@@ -87,23 +161,37 @@ def run(args: argparse.Namespace) -> int:
     if not tasks:
         raise CliError("--tasks is empty; name at least one task, e.g. --tasks sst2")
     # 0 CPUs a trial started every trial at once; -1 failures is Ray's "retry forever"; a Ray of 0 CPUs ran none.
+    # inf and nan pass (or slip past) the comparisons: int(inf) was a traceback, nan a riddle, deep in the sweep.
+    if not math.isfinite(args.cpus_per_trial):
+        raise CliError(f"--cpus-per-trial must be a finite number more than 0, got {args.cpus_per_trial:g}")
     if args.cpus_per_trial <= 0:
         raise CliError(f"--cpus-per-trial must be more than 0, got {args.cpus_per_trial:g}")
     for flag, value, least in (("--gpus-per-trial", args.gpus_per_trial, 0), ("--max-failures", args.max_failures, 0),
                                ("--num-cpus", args.num_cpus, 1)):
+        if value is not None and not math.isfinite(value):
+            raise CliError(f"{flag} must be a finite number, {least} or more, got {value:g}")
         if value is not None and value < least:
             raise CliError(f"{flag} must be {least} or more, got {value:g}")
-    if args.ray_temp_dir:  # before anything is written
-        from launch.finetune.local_ray import check_temp_dir
+    from launch.finetune.local_ray import check_temp_dir
+    from launch.finetune.ray_address import check_address
 
-        try:
+    try:  # before anything is written (run_sweep checks them again, for callers of the library)
+        check_address(args.address, args.num_cpus, args.ray_temp_dir)  # first: with an address, no temp dir is made
+        if args.ray_temp_dir is not None:
             check_temp_dir(args.ray_temp_dir)
-        except ValueError as err:
-            raise CliError(str(err)) from None
-    given = set(given_flags(args))
-    if "seed" in given:  # each trial takes its seed from 1..--seeds: --seed was ignored without a word
-        raise CliError("--seed is not a sweep setting: trials run seeds 1..N; set N with --seeds")
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    # `--set key=value` is a flag by another name: refused alike (it got past these checks, and did nothing).
+    given = set(given_flags(args)) | {form.partition("=")[0].strip() for form in args.overrides}
+    for key, why in _SWEEP_SETS.items():
+        if key in given:
+            raise CliError(f"{flag_of(key)} is not a sweep setting: {why}")
     cfg, overrides = trial_overrides(args, tasks)
+    try:
+        refuse_ignored_config_keys(args.config, args.grid, tasks)
+    except ValueError as err:  # a bad grid or task name, as run_sweep would refuse it
+        raise CliError(str(err)) from None
+    check_inputs(cfg)
     crash = os.environ.get("BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT")
     from launch.finetune.tune_sweep import run_sweep, trial_name
 
