@@ -3,9 +3,9 @@
 Keeps the best config per task on dev and writes OUT/results.json, OUT/results.md (laid out like the
 BERT paper's GLUE table: tasks as columns, an average) and OUT/sweep.png. Any `bertpipe finetune`
 flag applies to every trial, except the settings the grid varies (e.g. --lr, --batch-size, --epochs)
-and --seed, which each trial takes from its grid point and seed index (given by flag, --set or
---config, they are refused), and --task, --save-model and --progress (trials keep their models only
-with --save-models, and show no progress bar). Crashed trials are retried (--max-failures); an
+and --seed, which each trial takes from its grid point and seed index (given by flag or --set, they are
+refused; in a --config file, named in a warning), and --task, --save-model and --progress (trials keep
+their models only with --save-models, and show no progress bar). Crashed trials are retried (--max-failures); an
 interrupted sweep continues with --resume (finished trials are kept).
 
 Grids: paper (batch 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4), quick (batch 32 x lr 5e-5/3e-5 x 1
@@ -26,16 +26,18 @@ Test hook: env BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT=i crashes trial i on its first
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 from launch.errors import CliError
 from launch.cli.finetune import _DEFAULTS, add_finetune_arguments, config_from_args
 from launch.config import coerce_field, load_yaml, to_dict
 from launch.config_flags import config_from_args as config_from_args_of, flag_of, given_flags
 from launch.finetune.finetune_config import FinetuneConfig, canonical_task
+
+log = logging.getLogger(__name__)
 
 
 ON_INTERRUPT = "finished trials are kept; continue with the same command plus --resume"
@@ -111,27 +113,31 @@ def _grid_keys(grid: str, tasks: list[str]) -> set[str]:
     return set(load_grid(grid))
 
 
-def refuse_ignored_config_keys(config: str | None, grid: str, tasks: list[str]) -> None:
-    """Refuse a key of the --config file that no trial would use: the sweep sets it (seed, task, ...) or every grid
-    point does. Refused, not warned as `finetune` warns of keys its task does not read: a trial of some other
-    task reads those, while these are read by none, and sweep_config.json recorded them as if used. A key
-    counts where the file sets it (not null, not the default): a run's own saved config.yaml holds every key."""
+def warn_ignored_config_keys(config: str | None, grid: str, tasks: list[str], save_models: bool) -> None:
+    """Name, in one warning, the keys of the --config file no trial will read as the file has them: the sweep
+    sets them itself (seed, task, ...) or every grid point does, as a flag given on the command line would win
+    over the file. Warned, as `finetune` warns of keys its task does not read, not refused: a run's own saved
+    config.yaml (its task, lr, seed) is a fair starting point for a sweep. A key counts where the file sets it
+    to something else than both the default and what the sweep gives every trial (one of --tasks; no progress
+    bar; a model kept as --save-models says)."""
     if not config:
         return
-    in_file: dict[str, Any] = {}
+    ours = {"save_model": save_models, "progress": False}
+    varied = _grid_keys(grid, tasks)
+    ignored = []
     for key, value in load_yaml(config).items():
         typed = coerce_field(FinetuneConfig, key, value, f"--config {config}: {key}")  # `2e-5` is text to YAML
-        if typed is not None and typed != _DEFAULTS.get(key):
-            in_file[key] = value
-    for key, why in _SWEEP_SETS.items():
-        if key in in_file:
-            raise CliError(f"--config {config} sets {key}: {in_file[key]}, which is not a sweep setting: {why}; "
-                           f"drop {key} from {config}")
-    varied = sorted(set(in_file) & _grid_keys(grid, tasks)) if in_file else []
-    if varied:
-        key = varied[0]
-        raise CliError(f"--config {config} sets {key}: {in_file[key]}, but every trial takes {key} from its grid "
-                       f"point ({grid}); drop {key} from {config}, or use a grid file that does not vary {key}")
+        if typed is None or typed == _DEFAULTS.get(key) or (key in ours and typed == ours[key]):
+            continue
+        if key == "task" and canonical_task(typed) in map(canonical_task, tasks):
+            continue
+        if key in _SWEEP_SETS:
+            ignored.append((key, f"{key}: {value} ({_SWEEP_SETS[key]})"))
+        elif key in varied:
+            ignored.append((key, f"{key}: {value} (each trial takes it from its grid point)"))
+    if ignored:
+        log.warning("--config %s sets %s, which no trial uses as set there; drop %s from the file to silence this",
+                    config, "; ".join(why for _, why in ignored), ", ".join(key for key, _ in ignored))
 
 
 def check_inputs(cfg: FinetuneConfig) -> None:
@@ -188,10 +194,14 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"{flag_of(key)} is not a sweep setting: {why}")
     cfg, overrides = trial_overrides(args, tasks)
     try:
-        refuse_ignored_config_keys(args.config, args.grid, tasks)
+        warn_ignored_config_keys(args.config, args.grid, tasks, args.save_models)
     except ValueError as err:  # a bad grid or task name, as run_sweep would refuse it
         raise CliError(str(err)) from None
-    check_inputs(cfg)
+    from launch.finetune.ray_address import effective_address
+
+    # Through Ray client (ray://) the driver runs here, the trials on the cluster: their paths may exist only there.
+    if not (effective_address(args.address)[0] or "").startswith("ray://"):
+        check_inputs(cfg)
     crash = os.environ.get("BERTPIPE_SWEEP_CRASH_FIRST_ATTEMPT")
     from launch.finetune.tune_sweep import run_sweep, trial_name
 

@@ -20,6 +20,7 @@ Which cluster an address means, and what is refused beside one: `launch.finetune
 from __future__ import annotations
 
 import argparse
+import errno
 import itertools
 import logging
 import os
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -49,6 +50,7 @@ OWNER_ENV = "BERTPIPE_RAY_OWNER"
 NO_METRICS = {"enable_metrics_collection": False, "enable_open_telemetry": False}
 MARKER = ".bertpipe-ray-temp"
 PARENTS_MADE = "parents created: "  # a marker line: how many folders above the temp dir the sweep created
+TRIES = 5  # a new parent shared with sweeps started beside this one may go (their clean-up) as we use it
 # Ray puts a socket at TEMP/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store, and a Unix socket's
 # path has at most 107 bytes (Ray refuses longer ones mid-start, with a traceback): what that leaves TEMP.
 _SOCKET_UNDER_TEMP = "/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
@@ -165,26 +167,42 @@ def _remove_parents(path: Path, count: int) -> None:
 
 
 def _make_dirs(path: Path) -> int:
-    """Create `path` and its missing parents; how many parents it created. An OSError (a parent is a file,
-    /proc, no permission) is a ValueError naming --ray-temp-dir, and leaves nothing created behind."""
-    missing = list(itertools.takewhile(lambda p: not os.path.lexists(p), [path, *path.parents]))
+    """Create `path` and its missing parents; how many of the parents right above it this call created (what
+    `remove_temp_dir` may remove again). Sweeps started together may share a new parent: one another sweep made
+    meanwhile is used, not counted, and one its clean-up removed under us is made again. An OSError (a parent is
+    a file, /proc, no permission) is a ValueError naming --ray-temp-dir, and what this call made is removed."""
     made: list[Path] = []
-    try:
-        for folder in reversed(missing):
-            folder.mkdir()
-            made.append(folder)
-    except OSError as err:
+    failed: OSError | None = None
+    for _ in range(TRIES):
+        missing = list(itertools.takewhile(lambda p: not os.path.lexists(p), [path, *path.parents]))
+        try:
+            for folder in reversed(missing):
+                try:
+                    folder.mkdir()
+                    made.append(folder)
+                except FileExistsError:  # another sweep's, made since we looked: used, never removed by us
+                    pass
+            failed = None
+            break
+        except OSError as err:  # ENOENT: a parent removed under us (tried again), or where none can be made
+            failed = err
+    if failed is None and path not in made:  # the temp dir itself is another's (a sweep given the same one)
+        failed = FileExistsError(errno.EEXIST, "made by another process meanwhile", str(path))
+    if failed is not None:
         for folder in reversed(made):
-            folder.rmdir()
-        raise ValueError(f"cannot create --ray-temp-dir {path}: {err.strerror}: {err.filename}; name a folder that "
-                         "can be created (or leave the flag out)") from None
-    return len(missing) - 1
+            with suppress(OSError):
+                folder.rmdir()
+        raise ValueError(f"cannot create --ray-temp-dir {path}: {failed.strerror}: {failed.filename}; name a folder "
+                         "that can be created (or leave the flag out)") from None
+    return sum(1 for _ in itertools.takewhile(lambda p: p in made, path.parents))
 
 
 def check_temp_dir(temp_dir: str) -> None:
     """Refuse a --ray-temp-dir that is a file (Ray's own error named --out, and left a sweep half-started
-    there), whose path leaves Ray's sockets under it no room (TEMP_DIR_MAX), or that cannot be created (tried
-    here, and undone, before anything is written to --out: a traceback, or an error blaming --out, came later)."""
+    there), whose path leaves Ray's sockets under it no room (TEMP_DIR_MAX), or that cannot be created: a
+    folder is made in its nearest existing parent, and removed, before anything is written to --out (a
+    traceback, or an error blaming --out, came later). The missing parents are not made here: another sweep
+    starting beside this one may be making them."""
     if not temp_dir:
         raise ValueError("--ray-temp-dir is empty; name a directory (or leave the flag out)")
     if os.path.exists(temp_dir) and not os.path.isdir(temp_dir):
@@ -195,10 +213,20 @@ def check_temp_dir(temp_dir: str) -> None:
                          f"under it would pass the 107-byte limit of a Unix socket path: name one of at most "
                          f"{TEMP_DIR_MAX} (or leave the flag out)")
     path = Path(temp_dir).resolve()
-    if not path.exists():
-        parents = _make_dirs(path)
-        path.rmdir()
-        _remove_parents(path, parents)
+    for _ in range(TRIES):
+        if path.exists():
+            return
+        nearest = next(p for p in path.parents if os.path.lexists(p))
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".bertpipe-probe-", dir=nearest))
+            return
+        except FileNotFoundError as err:  # `nearest` removed since we looked (another sweep's clean-up), or /proc
+            failed = err
+        except OSError as err:
+            failed = err
+            break
+    raise ValueError(f"cannot create --ray-temp-dir {path}: {failed.strerror}: {nearest}; name a folder that "
+                     "can be created (or leave the flag out)") from None
 
 
 def _make_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:

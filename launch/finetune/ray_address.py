@@ -76,9 +76,11 @@ def check_address(address: str | None, num_cpus: int | None = None, temp_dir: st
         raise ValueError(f"{how}: leave the address out (and unset RAY_ADDRESS) for a local Ray")
     if address == "auto":
         if not _auto_target():
-            raise ValueError(f"{how}: no Ray cluster started with `ray start` found on this machine (no "
-                             f"{bootstrap_file()}); start one with `ray start --head`, give the cluster's address "
-                             "(HOST:6379, or ray://HOST:10001 from outside it), or leave --address out for a local Ray")
+            raise ValueError(f"{how}: no Ray cluster recorded by `ray start` on this machine (no "
+                             f"{bootstrap_file()}: one started with --temp-dir, or under another TMPDIR or RAY_TMPDIR, "
+                             "records itself elsewhere); start one with `ray start --head`, give the cluster's "
+                             "address (HOST:6379, or ray://HOST:10001 from outside it), or leave --address out for a "
+                             "local Ray")
     elif "://" not in address.removeprefix("ray://") and _host_port(address) is None:
         raise ValueError(f"{how} is not an address Ray can use; give auto, HOST:PORT (the head's GCS, 6379 by "
                          "default) or ray://HOST:10001")

@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -356,9 +357,10 @@ def run_sweep(
             metrics = outcome.get("metrics")
         error = None if metrics is not None else outcome.get("error") or "the trial did not finish"
         trials.append({"point": p, "metrics": metrics, "error": error})
-    # Resolved: `--checkpoint .` (or `..`) named the system "" in results.md, sweep.png and Table 7.
-    resolved = Path(checkpoint).resolve()
-    return write_results(out, trials, name=name or resolved.name or str(resolved), grid=grid)
+    # Absolute: `--checkpoint .` (or `..`) named the system "" in results.md, sweep.png and Table 7. Not resolved:
+    # a link (`bert-base-latest`) names the system as the user named it, not as its target is called.
+    absolute = Path(os.path.abspath(checkpoint))
+    return write_results(out, trials, name=name or absolute.name or str(absolute), grid=grid)
 
 
 def _run_trials(pending: list[dict[str, Any]], base: dict[str, Any], out: Path, inputs: str, config: str, *,

@@ -8,6 +8,7 @@ per trial; and --help offered a --seed that is refused.
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -33,8 +34,9 @@ def sweep(tiny_checkpoint, tmp_path):
     return argv
 
 
-def refused(argv: list[str], capsys, tmp_path) -> str:
-    """The one-line message of a refusal that came before Ray and left --out as it was (not there)."""
+def refused(argv: list[str], capsys, tmp_path, keep_err: bool = False) -> str:
+    """The one-line message of a refusal that came before Ray and left --out as it was (not there); `keep_err`:
+    with the lines (warnings) before it."""
     start = time.monotonic()
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
@@ -45,7 +47,8 @@ def refused(argv: list[str], capsys, tmp_path) -> str:
     assert not (tmp_path / "out").exists()  # no sweep_config.json, tune/ or trials/: nothing at all
     lines = err.splitlines()
     assert lines[-1].startswith("bertpipe sweep: error: ") and "Traceback" not in err, err
-    return lines[-1].removeprefix("bertpipe sweep: error: ")
+    lines[-1] = lines[-1].removeprefix("bertpipe sweep: error: ")
+    return "\n".join(lines) if keep_err else lines[-1]
 
 
 @pytest.mark.parametrize("form, message", [
@@ -59,25 +62,45 @@ def test_a_set_key_is_refused_as_its_flag_is(sweep, form, message, capsys, tmp_p
 
 
 @pytest.mark.parametrize("line, message", [
-    ("lr: 1.0e-4", "sets lr: 0.0001, but every trial takes lr from its grid point ({grid}); drop lr from {config}"),
-    ("seed: 7", "sets seed: 7, which is not a sweep setting: trials run seeds 1..N; set N with --seeds; "
-                "drop seed from {config}"),
-], ids=["lr", "seed"])
-def test_a_config_key_no_trial_would_use_is_refused(sweep, line, message, capsys, tmp_path):
+    ("lr: 1.0e-4", "sets lr: 0.0001 (each trial takes it from its grid point), which no trial uses as set there; "
+                   "drop lr from the file"),
+    ("seed: 7", "sets seed: 7 (trials run seeds 1..N; set N with --seeds), which no trial uses as set there; "
+                "drop seed from the file"),
+    ("task: mrpc", "sets task: mrpc (name the tasks with --tasks)"),
+], ids=["lr", "seed", "task"])
+def test_a_config_key_no_trial_would_use_is_named_in_a_warning(sweep, line, message, capsys, tmp_path):
+    # Not refused, as the same key by flag or --set is: flags win over a --config file, which may be a run's
+    # own config.yaml. The missing --checkpoint, checked next, stops the sweep before Ray.
     config = tmp_path / "settings.yaml"
     config.write_text(f"warmup: 0.2\n{line}\n")
-    text = refused(sweep("--config", str(config)), capsys, tmp_path)
-    assert text.startswith(f"--config {config} ") and message.format(grid=tmp_path / "grid.yaml", config=config) in text
-
-
-def test_a_config_holding_only_defaults_of_those_keys_gets_past_that_check(sweep, capsys, tmp_path):
-    # A run's saved config.yaml holds every key: the defaults (`2e-5` is text to YAML) set nothing. The
-    # missing --checkpoint, checked next, shows the config was let through.
-    config = tmp_path / "settings.yaml"
-    config.write_text("lr: 2e-5\nseed: 42\ntask: ''\nsave_model: true\nwarmup: 0.2\n")
     missing = tmp_path / "no-such-run"
-    text = refused(sweep("--config", str(config), checkpoint=missing), capsys, tmp_path)
-    assert text.startswith(f"--checkpoint {missing} does not exist")
+    text = refused(sweep("--config", str(config), checkpoint=missing), capsys, tmp_path, keep_err=True)
+    warnings = [x for x in text.splitlines() if "which no trial uses as set there" in x]
+    assert len(warnings) == 1 and f"--config {config} {message}" in warnings[0], text
+    assert "warmup" not in warnings[0]
+
+
+def test_a_finetune_runs_own_config_or_defaults_of_those_keys_get_no_warning(sweep, capsys, tmp_path):
+    # A run's saved config.yaml holds every key: its task (one of --tasks), no progress bar, no model kept, and
+    # the defaults (`2e-5` is text to YAML) are what the sweep gives every trial anyway.
+    config = tmp_path / "settings.yaml"
+    config.write_text("lr: 2e-5\nseed: 42\ntask: SST-2\nsave_model: false\nprogress: false\nwarmup: 0.2\n")
+    missing = tmp_path / "no-such-run"
+    text = refused(sweep("--config", str(config), checkpoint=missing), capsys, tmp_path, keep_err=True)
+    assert "no trial uses" not in text and text.splitlines()[-1].startswith(f"--checkpoint {missing} does not exist")
+
+
+def test_paths_are_not_checked_here_through_ray_client(sweep, capsys, tmp_path):
+    # Through ray:// the trials run on the cluster, where the paths may be (they need not exist here): the
+    # refusal is the unreachable cluster's, not the missing checkpoint's.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = sweep("--address", f"ray://127.0.0.1:{port}", "--gpus-per-trial", "0",
+                 checkpoint=tmp_path / "on-the-cluster", data_dir=tmp_path / "glue-there")
+    at = argv.index("--num-cpus")  # the local Ray's: refused beside an address
+    text = refused(argv[:at] + argv[at + 2:], capsys, tmp_path)
+    assert text.startswith(f"cannot reach the Ray cluster at ray://127.0.0.1:{port}"), text
 
 
 @pytest.mark.parametrize("flags, message", [

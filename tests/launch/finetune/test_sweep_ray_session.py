@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from launch import cli
-from launch.finetune.local_ray import MARKER, _make_temp_dir, remove_temp_dir
+from launch.finetune.local_ray import MARKER, _make_temp_dir, check_temp_dir, remove_temp_dir
 from launch.finetune.trial_records import inputs_fingerprint, write_record
 from launch.finetune.tune_sweep import (CONFIG_FILE, _settings, base_settings, check_sweep_out, expand, load_grid,
                                        run_sweep)
@@ -86,8 +86,9 @@ def test_a_cluster_that_is_not_there_is_one_line_and_the_corrected_command_is_no
 def test_address_auto_means_the_cluster_ray_start_recorded(tiny_checkpoint, tmp_path, capsys, no_ray_address):
     # Ray's legacy fallback for `auto` took any GCS process on the machine: another sweep's private local Ray.
     err = _refused(_sweep(tiny_checkpoint, tmp_path / "s", "--address", "auto"), capsys)
-    assert "--address auto: no Ray cluster started with `ray start` found on this machine (no " \
-           f"{tmp_path / 'no-ray-start' / 'ray' / 'ray_current_cluster'}); start one with `ray start --head`" in err
+    assert "--address auto: no Ray cluster recorded by `ray start` on this machine (no " \
+           f"{tmp_path / 'no-ray-start' / 'ray' / 'ray_current_cluster'}: one started with --temp-dir, or under " \
+           "another TMPDIR or RAY_TMPDIR, records itself elsewhere); start one with `ray start --head`" in err
     assert not (tmp_path / "s").exists()
 
 
@@ -141,6 +142,37 @@ def test_the_parents_a_ray_temp_dir_needed_go_with_it_and_only_those(tmp_path):
     assert remove_temp_dir(path) and (tmp_path / "there").is_dir() and not path.exists()
 
 
+def _start_beside_others(barrier, path: str, results) -> None:
+    barrier.wait()
+    try:
+        check_temp_dir(path)
+        made, owned = _make_temp_dir(path)
+        assert owned and (made / MARKER).is_file()
+        assert remove_temp_dir(made)
+        results.put("ok")
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        results.put(repr(err))
+
+
+def test_sweeps_started_together_under_one_new_parent_all_start(short_dir):
+    # Each made the missing parents itself, with no room for another doing the same: "cannot create
+    # --ray-temp-dir .../sweep2: File exists: .../fresh" in most rounds of four sweeps started at once.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for round_ in range(8):
+        barrier, results = context.Barrier(4), context.Queue()
+        procs = [context.Process(target=_start_beside_others,
+                                 args=(barrier, str(short_dir / str(round_) / "fresh" / "deeper" / f"s{i}"), results))
+                 for i in range(4)]
+        for proc in procs:
+            proc.start()
+        outcomes = [results.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+        assert outcomes == ["ok"] * 4, outcomes
+
+
 def test_a_repeated_grid_value_is_named_as_such(tiny_checkpoint, tmp_path, capsys):
     # "... would share the trial folder ...; make their values differ in letters or digits": wrong advice.
     grid = tmp_path / "g.yaml"
@@ -154,22 +186,32 @@ def test_a_repeated_grid_value_is_named_as_such(tiny_checkpoint, tmp_path, capsy
     assert not (tmp_path / "s").exists()
 
 
-def test_checkpoint_dot_names_the_system_by_the_folder(tiny_checkpoint, tmp_path, monkeypatch):
-    # `--checkpoint .` gave rows named "" in results.md (and sweep.png, Table 7). Every trial recorded already:
-    # the sweep writes its results without starting Ray.
-    out, grid = tmp_path / "s", {"lr": [5e-5]}
-    base = base_settings("sst2", tiny_checkpoint, GLUE, TRIAL, 1)
-    points = expand(["sst2"], load_grid(grid), [1])
+def _recorded_sweep(out: Path, checkpoint: Path, grid: dict) -> None:
+    """`out` as a sweep whose every trial is recorded: run_sweep then writes its results without starting Ray."""
+    base = base_settings("sst2", checkpoint, GLUE, TRIAL, 1)
     (out / "trials").mkdir(parents=True)
     (out / CONFIG_FILE).write_text(json.dumps({"tasks": ["sst2"], "grid": grid, "seeds": [1], "base": base}))
     inputs = inputs_fingerprint(base["checkpoint"], base["data_dir"], exclude=[out, out])
-    for p in points:
+    for p in expand(["sst2"], load_grid(grid), [1]):
         settings = _settings(base, p, out / "trials")
         Path(settings["out"]).mkdir()
         write_record(Path(settings["out"]), settings, {"score": 0.75, "accuracy": 0.75}, inputs)
+
+
+def test_checkpoint_dot_names_the_system_by_the_folder_and_a_link_by_its_own_name(tiny_checkpoint, tmp_path,
+                                                                                   monkeypatch):
+    # `--checkpoint .` gave rows named "" in results.md (and sweep.png, Table 7).
+    grid = {"lr": [5e-5]}
+    _recorded_sweep(tmp_path / "s", tiny_checkpoint, grid)
     monkeypatch.chdir(tiny_checkpoint)
-    result = run_sweep(["sst2"], ".", GLUE, out, grid=grid, overrides=TRIAL, resume=True)
+    result = run_sweep(["sst2"], ".", GLUE, tmp_path / "s", grid=grid, overrides=TRIAL, resume=True)
     assert f"| {tiny_checkpoint.name} | 75.0 |" in result.table and "|  |" not in result.table
+    # A link is the name the user gave (`bert-base-latest`), not its target's.
+    link = tmp_path / "bert-base-latest"
+    link.symlink_to(tiny_checkpoint)
+    _recorded_sweep(tmp_path / "s2", tiny_checkpoint, grid)
+    result = run_sweep(["sst2"], str(link), GLUE, tmp_path / "s2", grid=grid, overrides=TRIAL, resume=True)
+    assert "| bert-base-latest | 75.0 |" in result.table
 
 
 # --- on a real cluster: one `ray start --head` for the tests below ---
@@ -255,7 +297,7 @@ def test_a_cluster_with_no_gpu_now_asks_what_trials_take_and_auto_finds_only_ray
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
     assert len(results) == 3, done.stdout[-3000:] + done.stderr[-3000:]
     (code, err), *on_head = results
-    assert code == 2 and "--address auto: no Ray cluster started with `ray start` found on this machine" in err, err
+    assert code == 2 and "--address auto: no Ray cluster recorded by `ray start` on this machine" in err, err
     for (code, err), address in zip(on_head, ["auto", f"127.0.0.1:{gcs}"]):
         assert code == 2 and "Traceback" not in err, err
         assert f"the Ray cluster (--address {address}) has no GPU now, and its autoscaler may add GPU workers only " \
