@@ -65,7 +65,7 @@ _READ_BY = {
     "label_column": ("classify, regress and tag", lambda c, t: t in ("classify", "regress", "tag")),
     "text_pair_column": ("classify and regress", lambda c, t: t in ("classify", "regress")),
     **{k: ("squad", lambda c, t: t == "squad") for k in ("doc_stride", "max_query_length", "n_best", "max_answer_length")},
-    **{k: ("--feature-based", lambda c, t: c.feature_based) for k in (*FEATURE_HEAD_SETTINGS, "feature_cache")},
+    **{k: ("--feature-based", lambda c, t: c.feature_based) for k in (*FEATURE_HEAD_SETTINGS, "feature_cache", "layers")},
 }
 
 

@@ -192,6 +192,12 @@ def run(args: argparse.Namespace) -> int:
     for key, why in _SWEEP_SETS.items():
         if key in given:
             raise CliError(f"{flag_of(key)} is not a sweep setting: {why}")
+    from launch.finetune.tune_sweep import refuse_flags_the_grid_sets
+
+    try:  # before the settings' own checks: `--layers 1` with table7 was told to add --feature-based, then refused
+        refuse_flags_the_grid_sets(given, _grid_keys(args.grid, tasks), args.grid)
+    except ValueError as err:
+        raise CliError(str(err)) from None
     cfg, overrides = trial_overrides(args, tasks)
     try:
         warn_ignored_config_keys(args.config, args.grid, tasks, args.save_models)

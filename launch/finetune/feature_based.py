@@ -60,6 +60,11 @@ class CachedFeatures(list):
         return batch
 
 
+# The encoder's batch size, not --eval-batch-size: activations differ in their last bits with the batch they were
+# computed in (its padded length), and a cache entry must hold the same bytes whichever run filled it.
+ENCODER_BATCH = 64
+
+
 class FrozenEncoder:
     """The checkpoint's encoder, loaded on first use: never when every layer asked for is cached."""
 
@@ -132,7 +137,7 @@ class FeatureBased:
             raise DataError(f"--feature-cache {root} cannot be a folder ({err.strerror}: {err.filename}); pass a "
                             "writable folder") from None
         cache = FeatureCache(root, self.cache_stats)
-        encoder = FrozenEncoder(self.ckpt.hf_dir, self.device, cfg.eval_batch_size, self.bf16, self.cache_stats)
+        encoder = FrozenEncoder(self.ckpt.hf_dir, self.device, ENCODER_BATCH, self.bf16, self.cache_stats)
         ckpt = checkpoint_digest(self.ckpt.hf_dir)
 
         def cached(split: str, feats: list) -> CachedFeatures:

@@ -113,7 +113,7 @@ class FinetuneConfig:
     doc_context: bool = False  # conll2003: fill windows with the document's neighbouring sentences (-DOCSTART- marks documents)
     freeze: bool = False  # fine-tune the task model with the encoder's weights fixed (its head on the last layer, run each step with dropout; any task; saves the model); Table 7's cached approach is --feature-based
     feature_based: bool = False  # Table 7's feature-based approach: a new head on frozen activations of --layers, computed once and cached
-    layers: str = "last"  # --feature-based: embeddings|second-to-last|last|last4-weighted|last4-concat|all-weighted|last4-sum|all-sum|N[,M...]
+    layers: str = "last"  # --feature-based: embeddings|second-to-last|last|last4-weighted|last4-concat|all-weighted|last4-sum|all-sum|N[,M...] (negative, from the top: --layers=-2,-1)
     feature_head: Literal["bilstm", "linear"] = "bilstm"  # --feature-based: two-layer BiLSTM then linear (the paper's), or linear only
     lstm_hidden: int = 768  # --feature-based: BiLSTM hidden size per direction (the paper's 768)
     feature_lr: float = 1e-3  # --feature-based: peak lr of the randomly initialised head (--lr is fine-tuning's)

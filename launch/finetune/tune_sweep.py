@@ -31,7 +31,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import yaml
 
@@ -119,6 +119,14 @@ def refuse_repeats(name: str, values: Sequence[Any]) -> None:
         if times > 1 and next(j for j, other in enumerate(values) if other == value) == i:
             raise ValueError(f"{name} lists {value} {'twice' if times == 2 else f'{times} times'}; "
                              "remove the repeated value")
+
+
+def refuse_flags_the_grid_sets(given: Iterable[str], varied: set[str], grid: Any) -> None:
+    """A setting given by flag that every grid point sets (`varied`) would be ignored: refused."""
+    clash = sorted(varied & set(given))
+    if clash:
+        raise ValueError(f"--{clash[0].replace('_', '-')} is set by every trial's grid point ({grid}), so the flag "
+                         f"would be ignored; drop it, or use a grid file that does not vary {clash[0]}")
 
 
 def refuse_unused_grid_keys(grid: Any, grid_values: dict[str, list[Any]], config: FinetuneConfig) -> None:
@@ -304,10 +312,7 @@ def run_sweep(
     base = base_settings(tasks[0], checkpoint, data_dir, overrides, cpus_per_trial)
     # Every trial's settings must be valid before Ray starts anything.
     points = table7.points(tasks, seed_list) if table7.is_table7(grid) else expand(tasks, grid_values, seed_list)
-    varied = sorted({k for p in points for k in p if k not in ("index", "task", "seed")} & set(given))
-    if varied:
-        raise ValueError(f"--{varied[0].replace('_', '-')} is set by every trial's grid point ({grid}), so the flag "
-                         f"would be ignored; drop it, or use a grid file that does not vary {varied[0]}")
+    refuse_flags_the_grid_sets(given, {k for p in points for k in p if k not in ("index", "task", "seed")}, grid)
     trials_dir = out / "trials"
     named: dict[str, dict[str, Any]] = {}
     for p in points:  # distinct grid values can only meet in a name through characters a folder name cannot hold

@@ -97,6 +97,18 @@ def test_cache_is_used_by_the_next_run_and_verified(tiny_checkpoint, tmp_path, c
     assert (fourth["feature_cache_misses"], fourth["f1"]) == (1, third["f1"]) and not killed.exists()
 
 
+def test_cached_activations_do_not_depend_on_the_eval_batch_size(tiny_checkpoint, tmp_path):
+    # The encoder ran at --eval-batch-size, which is not in the cache's key: the same entry held other bytes
+    # (padding to another batch's length moves the last bits), whichever run filled it first.
+    records = {}
+    for size in ("5", "64"):
+        cache = tmp_path / f"cache{size}"
+        run(tiny_checkpoint, tmp_path / f"out{size}", cache, "--layers", "all-weighted", "--eval-batch-size", size,
+            "--max-train-samples", "64", "--max-eval-samples", "64")
+        records[size] = {p.relative_to(cache): json.loads(p.read_text())["sha256"] for p in cache.glob("*/layer-*.json")}
+    assert records["5"] and records["5"] == records["64"]
+
+
 def test_sentence_tasks_train_a_pooled_head_and_span_tasks_are_refused(tiny_checkpoint, tmp_path, capsys):
     m = run(tiny_checkpoint, tmp_path / "sst2", tmp_path / "cache", "--layers", "last", task="sst2", data=GLUE)
     assert m["metric"] == "accuracy" and m["eval_examples"] == 12 and m["encoder_loaded"] == 1

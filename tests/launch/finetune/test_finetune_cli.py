@@ -232,6 +232,7 @@ def _error(argv: list[str], capsys) -> str:
     (["--doc-stride", "64"], "--doc-stride applies to squad only"),
     (["--lstm-hidden", "64"], "--lstm-hidden applies to --feature-based only"),
     (["--feature-lr", "1e-4"], "--feature-lr applies to --feature-based only"),
+    (["--layers", "last"], "--layers applies to --feature-based only"),  # its default: refused only when changed
     (["--set", "n_best=5"], "--n-best applies to squad only"),  # --set got past the check, and did nothing
 ])
 def test_a_flag_this_run_does_not_read_is_refused_not_ignored(tmp_path, capsys, flags, said):

@@ -132,3 +132,11 @@ def test_help_does_not_offer_the_refused_seed(capsys):
     shown = capsys.readouterr().out
     assert exc.value.code == 0 and "--seeds" in shown
     assert "--seed " not in shown and "--seed\n" not in shown and "default: 42" not in shown
+
+
+def test_a_flag_table7_sets_is_refused_as_such_before_the_settings_checks(tiny_checkpoint, capsys, tmp_path):
+    # `--layers 1` was told "add --feature-based, or drop --layers"; with --feature-based added, it was refused
+    # as a flag the grid sets: circular advice.
+    argv = ["sweep", "--tasks", "conll2003", "--grid", "table7", "--checkpoint", str(tiny_checkpoint),
+            "--data-dir", str(GLUE), "--out", str(tmp_path / "out"), "--layers", "1"]
+    assert refused(argv, capsys, tmp_path).startswith("--layers is set by every trial's grid point (table7)")
