@@ -24,12 +24,19 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:  # a full disk or a failed rename must not leave our temp file behind
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # e.g. a read-only folder, where open() failed: there is nothing to remove
+        raise
     if durable:
         folder = os.open(path.parent, os.O_RDONLY)
         try:

@@ -24,6 +24,7 @@ Shape legend: T tokens of a split, H hidden, K chosen layers.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -38,6 +39,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from launch.errors import WriteDidNotFit, disk_full_message
+from launch.finetune.examples import DataError
 from pipeline.atomic_write import write_text_atomic
 from pipeline.manifest import sha256_file
 
@@ -138,8 +141,20 @@ class FeatureCache:
         read_cached(report=False)
         missing: list[int] = []
         if len(filled) < len(set(wanted)):
-            folder.mkdir(parents=True, exist_ok=True)
-            with _locked(folder / ".lock"):
+            not_cached = sorted(set(wanted) - filled)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                lock_file = open(folder / ".lock", "a+")
+            except OSError as err:  # a read-only cache serves what it holds; computing more needs a writable one
+                if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise
+                several = len(not_cached) > 1
+                raise DataError(
+                    f"--feature-cache {self.root} is not writable ({err.strerror}) and "
+                    f"{'layers' if several else 'layer'} {', '.join(map(str, not_cached))} of {key.task}/{key.split} "
+                    f"{'are' if several else 'is'} not cached there; pass a writable --feature-cache") from None
+            with _locked(lock_file, f"layers {not_cached} of {key.task}/{key.split}"):
+                _sweep_stale_temps(folder)
                 read_cached(report=True)  # another trial may have written them while we waited for the lock
                 missing = sorted(set(wanted) - filled)
                 if missing:
@@ -194,33 +209,86 @@ class FeatureCache:
         return None
 
     def _write(self, folder: Path, layer: int, tensor_TH: torch.Tensor, key: SplitKey, encoder_batches: int) -> None:
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         data_file, record_file = folder / f"layer-{layer}.safetensors", folder / f"layer-{layer}.json"
-        for stale in folder.glob(f".layer-{layer}.safetensors.*.tmp"):
-            stale.unlink(missing_ok=True)  # a killed writer's; we hold the folder's lock, so no live one's
         tmp = folder / f".layer-{layer}.safetensors.{os.getpid()}.tmp"
+        writing = data_file
         try:
             save_file({"hidden": tensor_TH}, str(tmp))
             digest = sha256_file(tmp)
-        except BaseException:
-            tmp.unlink(missing_ok=True)  # a full disk must not leave a half-written layer behind
-            raise
-        record = {"format": FORMAT, "version": VERSION, "layer": layer, "shape": list(tensor_TH.shape),
-                  "dtype": str(STORED_DTYPE).removeprefix("torch."), "sha256": digest,
-                  "encoder_batches": encoder_batches, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  **key.__dict__}
-        # The record goes last: it is what says the layer exists.
-        os.replace(tmp, data_file)
-        write_text_atomic(record_file, json.dumps(record, indent=1) + "\n")
+            record = {"format": FORMAT, "version": VERSION, "layer": layer, "shape": list(tensor_TH.shape),
+                      "dtype": str(STORED_DTYPE).removeprefix("torch."), "sha256": digest,
+                      "encoder_batches": encoder_batches, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      **key.__dict__}
+            # The record goes last: it is what says the layer exists.
+            os.replace(tmp, data_file)
+            writing = record_file
+            write_text_atomic(record_file, json.dumps(record, indent=1) + "\n")
+        except BaseException as err:
+            # Neither error names the file (safetensors' says "os error 28", a short write's OSError no path),
+            # so the CLI blamed --out: asked now, while the partial file still fills the disk.
+            message = disk_full_message(err, writing) if isinstance(err, (OSError, SafetensorError)) else None
+            _remove(tmp)  # a full disk must not leave a half-written layer behind
+            if writing == record_file:
+                _remove(data_file)  # a layer without its record does not exist: its space is freed
+            if message is None:
+                raise
+            raise WriteDidNotFit(message) from None
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _sweep_stale_temps(folder: Path) -> None:
+    """Remove the temp files (`.layer-*.<pid>.tmp`, of layers and records) of writers that are gone: called
+    holding the folder's lock, so a killed writer's files of every layer go, not only the layer now written."""
+    for stale in folder.glob(".layer-*.tmp"):
+        pid = stale.name.rsplit(".", 2)[-2]
+        if not pid.isdigit() or int(pid) <= 0:
+            continue
+        if int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+                continue  # alive
+            except ProcessLookupError:
+                pass
+            except OSError:
+                continue  # alive, another user's
+        _remove(stale)
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (released by the OS if the holder dies)."""
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def _locked(f, what: str) -> Iterator[None]:
+    """An exclusive advisory lock on the open file `f` (released by the OS if the holder dies), closed after.
+    The holder writes its pid there, so a process that has to wait says whom it waits for."""
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                f.seek(0)
+                holder = f.read().strip()
+            except OSError:
+                holder = ""
+            logger.info("feature cache: waiting for %s, held by %s (computing layers there), before reading or "
+                        "computing %s", f.name, f"pid {holder}" if holder.isdigit() else "another process", what)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:  # unbuffered: a full disk fails here, not again when `f` is closed
+            os.ftruncate(f.fileno(), 0)
+            os.write(f.fileno(), f"{os.getpid()}\n".encode())
+        except OSError:
+            pass  # only a hint for a waiter
         try:
             yield
         finally:
+            try:
+                os.ftruncate(f.fileno(), 0)
+            except OSError:
+                pass
             fcntl.flock(f, fcntl.LOCK_UN)
