@@ -3,8 +3,8 @@
 Keeps the best config per task on dev and writes OUT/results.json, OUT/results.md (laid out like the
 BERT paper's GLUE table: tasks as columns, an average) and OUT/sweep.png. Any `bertpipe finetune`
 flag applies to every trial, except the settings the grid varies (e.g. --lr, --batch-size, --epochs)
-and --seed, which each trial takes from its grid point and seed index (given by flag or --set, they are
-refused; in a --config file, named in a warning), and --task, --save-model and --progress (trials keep
+and --seed, which each trial takes from its grid point and seed index (given as flags, they are refused;
+in a --config file, named in a warning), and --task, --save-model and --progress (trials keep
 their models only with --save-models, and show no progress bar). Crashed trials are retried (--max-failures); an
 interrupted sweep continues with --resume (finished trials are kept).
 
