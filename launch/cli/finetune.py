@@ -57,7 +57,8 @@ def config_from_args(args: argparse.Namespace, command: str = "finetune", **fixe
     return cfg
 
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FinetuneConfig) if f.default is not dataclasses.MISSING}
+# The typed defaults of FinetuneConfig: a --config key set to one of them sets nothing (finetune, sweep).
+FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FinetuneConfig) if f.default is not dataclasses.MISSING}
 # Flags only some setups read, and which: given to another one, they did nothing, without a word. Checked for
 # one run only: a sweep applies its flags to every trial (Table 7's fine-tuning row, a task of several).
 _READ_BY = {
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     given = list(given_flags(args)) + [form.partition("=")[0].strip() for form in args.overrides]
     # A key of the --config file counts where it sets something: a run's own saved config.yaml holds every key.
     in_file = load_yaml(args.config) if args.config else {}
-    set_there = [k for k, v in in_file.items() if v is not None and v != _DEFAULTS.get(k)]
+    set_there = [k for k, v in in_file.items() if v is not None and v != FIELD_DEFAULTS.get(k)]
     refuse_unread_flags(cfg, given, set_there, args.config)
     from launch.finetune.runner import finetune
 

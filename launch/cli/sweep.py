@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 
 from launch.errors import CliError
-from launch.cli.finetune import _DEFAULTS, add_finetune_arguments, config_from_args
+from launch.cli.finetune import FIELD_DEFAULTS, add_finetune_arguments, config_from_args
 from launch.config import coerce_field, load_yaml, to_dict
 from launch.config_flags import config_from_args as config_from_args_of, flag_of, given_flags
 from launch.finetune.finetune_config import FinetuneConfig, canonical_task
@@ -127,7 +127,7 @@ def warn_ignored_config_keys(config: str | None, grid: str, tasks: list[str], sa
     ignored = []
     for key, value in load_yaml(config).items():
         typed = coerce_field(FinetuneConfig, key, value, f"--config {config}: {key}")  # `2e-5` is text to YAML
-        if typed is None or typed == _DEFAULTS.get(key) or (key in ours and typed == ours[key]):
+        if typed is None or typed == FIELD_DEFAULTS.get(key) or (key in ours and typed == ours[key]):
             continue
         if key == "task" and canonical_task(typed) in map(canonical_task, tasks):
             continue
