@@ -95,10 +95,10 @@ def _auto_target() -> str | None:
 def connect(address: str | None) -> None:
     """`ray.init` to the cluster at `address` (RAY_ADDRESS as `ray.init` reads it), or a ValueError in one line
     naming the address and where it came from. A cluster that does not answer on its port is refused within
-    PROBE_S: `ray.init` retried a stopped GCS for minutes, and a ray:// address for 30 s, then raised."""
+    PROBE_S: `ray.init` retried a stopped GCS for minutes, and a ray:// address for 30 s, then raised. Called
+    after `check_address` (`local_ray.ray_session`)."""
     import ray
 
-    check_address(address)
     address, how = effective_address(address)
     target = _auto_target() if address == "auto" else address
     where = f"the Ray cluster at {target} ({how}" + (f", recorded in {bootstrap_file()} by `ray start`)"

@@ -114,9 +114,9 @@ def load_grid(grid: str | Path | dict[str, Any]) -> dict[str, list[Any]]:
 def refuse_repeats(name: str, values: Sequence[Any]) -> None:
     """A value listed twice (`lr: [5.0e-5, 5.0e-5]`, or `5e-5` and `0.00005`) is the same trials twice: refused
     as that, where the trial-folder clash it leads to advised making the values differ."""
-    for i, value in enumerate(values):
-        times = sum(1 for other in values if other == value)
-        if times > 1 and next(j for j, other in enumerate(values) if other == value) == i:
+    for value in values:
+        times = list(values).count(value)
+        if times > 1:
             raise ValueError(f"{name} lists {value} {'twice' if times == 2 else f'{times} times'}; "
                              "remove the repeated value")
 
