@@ -144,7 +144,7 @@ class FeatureBased:
             lengths = [len(f.input_ids) for f in feats]
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             key = SplitKey(ckpt, data_digest(feats), self.task.name, split, cfg.max_seq_len,
-                           "bf16" if self.bf16 else "fp32")
+                           f"{self.device.type}-{'bf16' if self.bf16 else 'fp32'}")
             layers_TKH = cache.layers(key, self.selection.indices, int(offsets[-1]), hidden,
                                       lambda missing: encoder.hidden_states(feats, missing, int(offsets[-1])))
             return CachedFeatures(feats, layers_TKH, offsets, self.task.collate)

@@ -1,5 +1,5 @@
-"""Frozen-encoder activations on disk: computed once per (checkpoint, data, split, max_seq_len) and
-layer, then read back by every trial and seed of feature-based fine-tuning (the paper's Table 7).
+"""Frozen-encoder activations on disk: computed once per (checkpoint, data, split, max_seq_len, device and
+precision) and layer, then read back by every trial and seed of feature-based fine-tuning (the paper's Table 7).
 
 Layout under the cache root, one folder per split's inputs:
 
@@ -12,7 +12,7 @@ Layout under the cache root, one folder per split's inputs:
                                        then read, instead of running the encoder twice
 
 <key> is a sha256 of the format version, the checkpoint (config.json and every weight file's sha256),
-the task, split and max_seq_len, and the token ids of the split's features (which pin the data, the
+the task, split and max_seq_len, the device type and precision the encoder ran in, and the token ids of the split's features (which pin the data, the
 subset, the tokenizer and the windowing). Layers are stored one by one, so the rows of Table 7 that
 share layers (last4-weighted and last4-concat; the last four and all layers) compute them once.
 fp16 halves the disk; the heads compute in fp32. Files are written under a temporary name and
@@ -102,7 +102,8 @@ class SplitKey:
     task: str
     split: str
     max_seq_len: int
-    precision: str  # "bf16" (autocast, CUDA) or "fp32": the activations differ, so do their folders
+    compute: str  # where and how the encoder ran ("cpu-fp32", "cuda-fp32", "cuda-bf16"): activations differ
+    # in their last bits between them, and a trial must not get other bytes for having found another's cache
 
     @property
     def digest(self) -> str:

@@ -86,6 +86,7 @@ def test_cache_is_used_by_the_next_run_and_verified(tiny_checkpoint, tmp_path, c
     from pipeline.manifest import sha256_file
 
     assert record["sha256"] == sha256_file(damaged) and record["shape"][1] == 32  # rewritten, hidden size 32
+    assert record["compute"] == "cpu-fp32"  # where and how the encoder ran is part of the key
     assert not list(cache.glob("*/.*.tmp"))  # nothing half-written left behind
 
     # A record that parses but is not one (JSON null): recomputed, not a crash; a killed writer's temp file is swept.
@@ -174,10 +175,11 @@ def test_cache_folder_depends_on_what_the_activations_depend_on():
 
     from launch.finetune.feature_cache import SplitKey
 
-    key = SplitKey("ckpt", "data", "conll2003", "dev", 128, "fp32")
-    # bf16 activations (autocast on CUDA) must not be handed to a later fp32 run, nor any other change
+    key = SplitKey("ckpt", "data", "conll2003", "dev", 128, "cpu-fp32")
+    # bf16 activations (autocast on CUDA) must not be handed to a later fp32 run, nor CUDA's fp32 ones (other
+    # last bits) to a CPU run, nor any other change
     other = {"checkpoint": "ckpt2", "data": "data2", "task": "tag", "split": "train", "max_seq_len": 64,
-             "precision": "bf16"}
+             "compute": "cuda-fp32"}
     assert {f.name for f in fields(SplitKey)} == set(other)
     assert len({key.digest} | {replace(key, **{k: v}).digest for k, v in other.items()}) == 1 + len(other)
 
@@ -235,7 +237,7 @@ def test_reading_cached_layers_holds_one_beside_the_result(tmp_path, monkeypatch
 
     from launch.finetune.feature_cache import FeatureCache, SplitKey
 
-    key = SplitKey("ckpt", "data", "conll2003", "train", 32, "fp32")
+    key = SplitKey("ckpt", "data", "conll2003", "train", 32, "cpu-fp32")
     layers = {k: torch.randn(50, 8) for k in range(5)}
     cache = FeatureCache(tmp_path)
     first = cache.layers(key, [4, 0, 2, 0], 50, 8, lambda missing: {k: layers[k] for k in missing})

@@ -19,7 +19,7 @@ from launch.finetune.examples import DataError
 from launch.finetune.feature_cache import FeatureCache, SplitKey
 from pipeline.atomic_write import write_bytes_atomic
 
-KEY = SplitKey("ckpt", "data", "conll2003", "train", 32, "fp32")
+KEY = SplitKey("ckpt", "data", "conll2003", "train", 32, "cpu-fp32")
 
 
 def layer(tokens: int, hidden: int, k: int = 0) -> torch.Tensor:
@@ -101,7 +101,7 @@ def test_a_read_only_cache_serves_what_it_holds_and_says_in_one_line_what_it_lac
     assert message.startswith(f"--feature-cache {folder} is not writable (") and "\n" not in message
     assert message.endswith(") and layers 1, 2 of conll2003/train are not cached there; pass a writable --feature-cache")
 
-    dev = SplitKey("ckpt", "data", "conll2003", "dev", 32, "fp32")
+    dev = SplitKey("ckpt", "data", "conll2003", "dev", 32, "cpu-fp32")
     with pytest.raises(DataError, match=r"and layer 0 of conll2003/dev is not cached there; pass a writable"):
         cache.layers(dev, [0], 10, 8, lambda missing: {k: layer(10, 8, k) for k in missing})  # its folder's mkdir
 
