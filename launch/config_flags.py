@@ -12,7 +12,7 @@ Layering, lowest first: dataclass defaults, `--config` (a YAML file, or a preset
 the deprecated override forms (`key=value` arguments, `--set key=value`, still accepted with a
 warning), then the flags given on the command line.
 
-We wrote this (~150 lines) instead of adopting tyro, jsonargparse or OmegaConf: those bring their
+We wrote this (about 300 lines) instead of adopting tyro, jsonargparse or OmegaConf: those bring their
 own help layout and error wording, and none keeps our strict "valid keys here: ..." messages, YAML
 presets and deprecated forms without as much glue as this file; see docs/ARCHITECTURE.md.
 """

@@ -66,9 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None,
                         help="the checkpoint's name in results.md and sweep.png (default: its folder's name)")
     # each trial keeps its model only with --save-models, and runs without a progress bar (Ray collects the logs)
+    # The defaults of what the paper and quick grids vary hold only where a grid leaves them (table7's fine-tuning
+    # row, a YAML grid): `(default: 2e-05)` alone read as every trial's.
+    per_grid = "the paper and quick grids set it per trial; this default holds where a grid does not"
     add_finetune_arguments(parser, skip=("task", "save_model", "progress"), help_texts={
         "out": "sweep directory: results.md, results.json, sweep.png, sweep_config.json, tune/ (Ray Tune's state) "
-               "and trials/<trial>/ (each a fine-tuning run's output)"})
+               "and trials/<trial>/ (each a fine-tuning run's output)",
+        "lr": f"peak learning rate ({per_grid}: table7's fine-tuning row, a YAML grid)",
+        "batch_size": f"training batch size ({per_grid})", "epochs": f"training epochs ({per_grid})"})
     # --seed stays a flag so that giving it is refused in words (see run), but --help must not offer it:
     # it was listed with "(default: 42)" although every trial takes its seed from --seeds.
     for action in parser._actions:

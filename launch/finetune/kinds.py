@@ -241,7 +241,7 @@ class UserTagTask(_TagTask):
         tags = sorted({t for _, ex in train for t in ex.tags})
         plain = [t for t in tags if t != "O" and not (t[:2] in ENTITY_PREFIXES and len(t) > 2)]
         if plain:  # seqeval would cut them into made-up entities and score those
-            raise DataError(f"{paths['train']}: tag scores entities, so tags are O or B-/I-/E-/S- and a type "
+            raise DataError(f"{paths['train']}: tag scores entities, so tags are O or B-/I-/E-/S- (or L-/U-) and a type "
                             f"(B-PER, I-PER); {plain[:5]} are not; per-token classes such as POS tags are not supported")
         labels = tuple(["O"] + [t for t in tags if t != "O"]) if "O" in tags else tuple(tags)
         if len(labels) < 2:  # else the model refused one class, blamed on the checkpoint

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local processes to start (default: the number of GPUs, or 1 on CPU); "
                              "ignored under deepspeed/torchrun, which set the world themselves")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in --out (a fresh start if there is none)")
+                        help="continue from the newest checkpoint in --out that verifies (a damaged one is skipped; a "
+                             "fresh start if there is none; refused if none is intact)")
     # The deepspeed launcher appends --local_rank (`deepspeed --no_python bertpipe pretrain ...` puts it before
     # the command name, from where launch.cli moves it here);
     # LOCAL_RANK in the environment is what we use.

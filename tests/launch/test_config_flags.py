@@ -122,7 +122,7 @@ COMMANDS_WITH_CONFIG = {
     "corpus": ("--seq-len N", "(default: 128)"),
     "pretrain": ("--optim.lr X", "(default: 0.001)"),
     "finetune": ("--lr X", "(default: 2e-05)"),
-    "sweep": ("--lr X", "(default: 2e-05)"),
+    "sweep": ("--warmup X", "(default: 0.1)"),
     "features": ("--layers VALUE", "(default: last)"),
 }
 
@@ -142,6 +142,8 @@ def test_help_shows_one_syntax_and_defaults(command):
         assert flag in text and default in text and "--config FILE.yaml" in text
     else:
         assert "default" in text  # plain flags state their defaults in their help
+    if command == "sweep":  # `--lr X ... (default: 2e-05)` alone read as every trial's, where the grids set it
+        assert " ".join(text.split()).count("the paper and quick grids set it per trial; this default holds where") == 3
     # a required setting says so, not "(default: '')" or "(default: [])" as --out, --task and --input did
     assert "(default: '')" not in text and "(default: [])" not in text
 
