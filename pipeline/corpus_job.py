@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import Sequence
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.atomic_write import write_text_atomic
 from pipeline.record_files import WriteRecordFiles, read_jsonl_records, read_record_files
-from pipeline.corpus_output import (TMP, WriteDeadLetters, clear_previous_output, delete_tree, is_remote, mark_users_vocab, outside,
-                                    refuse_inputs_in_out, same_file)
+from pipeline.corpus_output import (TMP, WriteDeadLetters, clear_previous_output, delete_tree, is_remote, mark_unfinished, outside,
+                                    refuse_inputs_in_out, same_file, write_file)
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings
@@ -46,6 +47,11 @@ from pipeline.manifest import FORMAT, FORMAT_VERSION
 log = logging.getLogger(__name__)
 
 SEQ_LEN_RANGE = (8, 4096)
+# BERT's vocab.txt is 0.2 MB, a 250,000-token multilingual one about 5 MB: far more is not a vocabulary,
+# and reading it whole cost memory without bound (/dev/zero grew until the kernel killed the command).
+VOCAB_MAX_BYTES = 64 << 20
+# Opened as is (Beam would decompress a .bz2 or .gz by its name): a compressed one is told by its first bytes.
+COMPRESSED_MAGIC = {b"BZh": "bzip2", b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
 LOCAL_RUNNER = "FnApiRunner"
 
 @dataclass
@@ -208,16 +214,43 @@ def _train_vocab(config: CorpusConfig, files: list[str], lowercase: bool, option
 
 
 def _read_vocab_file(path: str) -> str:
-    """The text of `--vocab`; `ValueError` naming the file when it cannot be read or is not UTF-8."""
+    """The text of `--vocab`; `ValueError` naming the file when it cannot be read, is not a regular file,
+    is too large for a vocabulary, or is not UTF-8."""
+    if not is_remote(path) and os.path.exists(path) and not (os.path.isfile(path) or os.path.isdir(path)):
+        # Reading a named pipe blocks until a writer comes; a device (/dev/zero) never ends.
+        raise ValueError(f"--vocab {path} is not a regular file (a named pipe, socket or device); "
+                         "write the vocabulary to a file and pass that")
+    _refuse_large_vocab(path, _vocab_size(path))
     try:
-        with FileSystems.open(path) as f:
-            raw = f.read()
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            raw = f.read(VOCAB_MAX_BYTES + 1)  # bounded: a remote file's size may be unknown
     except OSError as err:  # a directory, or no permission
         raise ValueError(f"vocab file {path} cannot be read ({err}); pass a BERT vocab.txt") from None
+    if len(raw) > VOCAB_MAX_BYTES:
+        _refuse_large_vocab(path, None)
     try:
         return raw.decode("utf-8-sig")  # a BOM (Notepad) would otherwise turn [PAD] into "\ufeff[PAD]"
     except UnicodeDecodeError as err:
+        packed = next((kind for magic, kind in COMPRESSED_MAGIC.items() if raw.startswith(magic)), None)
+        if packed:
+            raise ValueError(f"vocab {path} is {packed}-compressed; decompress it and pass the vocab.txt") from None
         raise ValueError(f"vocab {path} is not UTF-8 text ({err}); pass a BERT vocab.txt") from None
+
+
+def _vocab_size(path: str) -> int | None:
+    try:
+        return FileSystems.get_filesystem(path).size(path)  # not `match`: a `[` or `*` in the name is no pattern
+    except (OSError, NotImplementedError):  # Beam's BeamIOError is an OSError; some file systems have no sizes
+        return None
+
+
+def _refuse_large_vocab(path: str, size: int | None) -> None:
+    """`ValueError` for a `--vocab` over VOCAB_MAX_BYTES (`size` None: read past it, its size unknown)."""
+    if size is not None and size <= VOCAB_MAX_BYTES:
+        return
+    said = f"{size:,} bytes" if size is not None else f"over {VOCAB_MAX_BYTES:,} bytes"
+    raise ValueError(f"--vocab {path} is {said}, too large for a vocabulary (at most {VOCAB_MAX_BYTES >> 20} MB; "
+                     "BERT's vocab.txt is 0.2 MB): pass the vocab.txt itself")
 
 
 def _vocab_ids(vocab_text: str, source: str, lowercase: bool) -> tuple[MaskingVocab, int, int]:
@@ -277,10 +310,8 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         vocab_ids = _vocab_ids(vocab_text, config.vocab, lowercase)
     out = config.out.rstrip("/")
     users_vocab = clear_previous_output(out, config.vocab, vocab_text if config.vocab is not None else None)
-    if not FileSystems.exists(out):
-        FileSystems.mkdirs(out)
-    if users_vocab:
-        mark_users_vocab(out)
+    # Before the job writes anything: dead letters and shards may come before its other temp files.
+    mark_unfinished(out, users_vocab)
     tmp = FileSystems.join(out, TMP)
     extra_counters: dict[str, int] = {}
 
@@ -328,8 +359,7 @@ def run(config: CorpusConfig, beam_args: Sequence[str] = ()) -> CorpusResult:
         log.warning("%d of the %d train shards are empty: --num-shards %d is more than the corpus's %d training "
                     "instances fill; lower it", train.count(0), len(train), config.num_shards, sum(train))
     if not (config.vocab and same_file(FileSystems.join(out, "vocab.txt"), config.vocab)):  # else: already these bytes
-        with FileSystems.create(FileSystems.join(out, "vocab.txt")) as f:
-            f.write(vocab_text.encode("utf-8"))
+        write_file(FileSystems.join(out, "vocab.txt"), vocab_text.encode("utf-8"))  # a full disk's error names it
     cfg = dataclasses.asdict(config)
     cfg["lowercase"] = lowercase
     cfg["inputs"] = sorted(set(config.inputs))  # the same inputs in any order: the same manifest bytes

@@ -9,6 +9,7 @@ run's word counts and shard list in the temp folder) to be read as part of the n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -25,6 +26,9 @@ from pipeline.manifest import FORMAT
 log = logging.getLogger(__name__)
 
 TMP = ".bertpipe-tmp"  # the job's temp folder in OUT; its presence marks an unfinished corpus of ours
+# In TMP, written before anything else in OUT: an object store has no empty folders, and the job's first
+# files (dead letters, shards) are not in TMP, so without it a stopped job's files were refused as the user's.
+JOB_MARKER = "corpus_job.json"
 # In TMP: the unfinished job was built with `--vocab OUT/vocab.txt`, the user's file (its manifest, which
 # says so for a finished corpus, is not written yet).
 USERS_VOCAB = "vocab_is_users"
@@ -78,16 +82,15 @@ def same_file(a: str, b: str) -> bool:
         return False
 
 
-def previous_manifest(path: str) -> dict:
-    """An earlier corpus's manifest in --out; {} when there is none, or it does not parse as one."""
+def previous_manifest(path: str) -> tuple[dict, str | None]:
+    """(An earlier corpus's manifest in --out, or {}; why it cannot be read, when it is there but damaged)."""
     try:
         if not FileSystems.exists(path):
-            return {}
-        with FileSystems.open(path) as f:
-            manifest = json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
+            return {}, None
+        manifest = json.loads(_read_bytes(path).decode("utf-8"))
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return {}, f"{type(err).__name__}: {err}"
+    return (manifest if isinstance(manifest, dict) else {}), None
 
 
 def _vocab_is_users(manifest: dict, own_vocab: str) -> bool:
@@ -115,8 +118,11 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
     entries = _entries(out)
     names = [n for n in entries if n.endswith((".arrow", ".parquet")) and "-of-" in n or n in OWN_NAMES]
     own_vocab = FileSystems.join(out, "vocab.txt")
-    earlier = previous_manifest(FileSystems.join(out, "manifest.json"))
-    ours = TMP in entries or earlier.get("format") == FORMAT
+    earlier, damage = previous_manifest(FileSystems.join(out, "manifest.json"))
+    # Our temp folder (a folder: a file of that name is no job's) or our manifest. An empty folder counts too:
+    # a job stopped while it clears or starts leaves one, and the name is this job's alone.
+    unfinished = TMP in entries and (is_remote(out) or os.path.isdir(os.path.join(out, TMP)))
+    ours = unfinished or earlier.get("format") == FORMAT
     vocab_was_users = _vocab_is_users(earlier, own_vocab) or (
         TMP in entries and FileSystems.exists(FileSystems.join(out, TMP, USERS_VOCAB)))
     users_vocab = False
@@ -137,13 +143,17 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
                          "or choose another --out")
     if not names:
         return users_vocab
+    if not ours and damage:  # ours or not, nobody can tell: deleting it is the user's call
+        raise ValueError(f"--out {out} holds a manifest.json that cannot be read ({damage}), so bertpipe cannot tell "
+                         f"its files from yours: if it is a corpus bertpipe wrote, delete {out} and run the same "
+                         "command again; else choose another --out")
     if not ours:
         raise ValueError(f"--out {out} holds {', '.join(sorted(names)[:3])}{' ...' if len(names) > 3 else ''}, "
                          "which `bertpipe corpus` did not write (no corpus manifest.json of ours): choose another --out")
     # Our shards: those the earlier manifest lists, or any under a shard's name while an unfinished job of
     # ours (TMP) may have written it. A shard-like file beside them is the user's: refused, not deleted.
     listed = {s.get("path") for s in earlier.get("shards", []) if isinstance(s, dict)}
-    strays = [n for n in names if n not in OWN_NAMES and not (n in listed or TMP in entries and SHARD_NAME.fullmatch(n))]
+    strays = [n for n in names if n not in OWN_NAMES and not (n in listed or unfinished and SHARD_NAME.fullmatch(n))]
     if DEAD_LETTER in names and not is_remote(out) and not os.path.isdir(os.path.join(out, DEAD_LETTER)):
         strays.append(DEAD_LETTER)  # a file: ours is a folder
     if strays:
@@ -161,13 +171,43 @@ def clear_previous_output(out: str, vocab_source: str | None, vocab_text: str | 
     return users_vocab
 
 
-def mark_users_vocab(out: str) -> None:
-    """Record in the job's temp folder that `OUT/vocab.txt` is the user's: a rerun after this job failed or was
-    stopped must not take it for the vocabulary of a corpus of ours and delete it."""
+def mark_unfinished(out: str, users_vocab: bool) -> None:
+    """Make `out` and the job's temp folder with its marker in it, before the job writes anything else there:
+    a rerun after this job fails, is stopped or killed (or fills the disk) then clears what it left as ours.
+    With `users_vocab`, also record that `OUT/vocab.txt` is the user's: with no manifest yet to say so, that
+    rerun must not take it for the vocabulary of a corpus of ours and delete it."""
     tmp = FileSystems.join(out, TMP)
     if not FileSystems.exists(tmp):
-        FileSystems.mkdirs(tmp)
-    FileSystems.create(FileSystems.join(tmp, USERS_VOCAB)).close()
+        FileSystems.mkdirs(tmp)  # and `out`; a no-op on an object store
+    write_file(FileSystems.join(tmp, JOB_MARKER), json.dumps({"format": FORMAT, "finished": False}).encode("utf-8"))
+    if users_vocab:
+        write_file(FileSystems.join(tmp, USERS_VOCAB), b"")
+
+
+class WriteFailed(OSError):
+    """A write's OSError with its file named, said `[Errno 28] PATH: No space left on device`: ending in the C
+    library's words, as Beam's text of a failed DoFn is matched on (launch/log.py drops its traceback then)."""
+
+    def __str__(self) -> str:
+        return f"[Errno {self.errno}] {self.filename}: {self.strerror}"
+
+
+@contextlib.contextmanager
+def naming(path: str):
+    """An OSError inside names `path`: Python's write errors name no file, Beam passes them on in text, and
+    the one-line report then guessed the newest file in --out (a progress file, not the shard that failed)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno is None or err.filename is not None:
+            raise
+        raise WriteFailed(err.errno, err.strerror or os.strerror(err.errno), path) from err
+
+
+def write_file(path: str, data: bytes) -> None:
+    """`data` as the file `path` (local or remote); a failed write's OSError names it."""
+    with naming(path), FileSystems.create(path) as f:
+        f.write(data)
 
 
 def _delete_dead_letters(out: str, objects: list[str]) -> None:
@@ -235,7 +275,7 @@ class WriteDeadLetters(beam.PTransform):
 
 
 def _write_sorted_lines(_, path: str, lines: list[str]) -> str:
-    with FileSystems.create(path) as f:
+    with naming(path), FileSystems.create(path) as f:
         for line in sorted(lines):
             f.write(line.encode("utf-8") + b"\n")
     return path

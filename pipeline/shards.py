@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from pipeline.corpus_output import write_file
 from pipeline.instance_batch import InstanceBatch
 from pipeline.nsp import HELDOUT, TRAIN
 
@@ -134,9 +135,9 @@ class _WriteShardFn(beam.DoFn):
     def _write(self, split: str, index: int, count: int, rows: InstanceBatch) -> dict:
         name = shard_name(split, index, count, self.shard_format)
         data = encode_shard(rows, self.shard_format)
-        # Retries rewrite the same bytes to the same name, so a plain create is idempotent.
-        with FileSystems.create(FileSystems.join(self.out_dir, name)) as f:
-            f.write(data)
+        # Retries rewrite the same bytes to the same name, so a plain create is idempotent. A failed write names
+        # the shard: Beam passes the error on in text, and a full disk's report named a progress file instead.
+        write_file(FileSystems.join(self.out_dir, name), data)
         self.written.inc()
         log.info("wrote %s (%d instances)", name, len(rows))
         return {"path": name, "split": split, "num_instances": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
