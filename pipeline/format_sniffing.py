@@ -1,8 +1,9 @@
 """What one input file holds, from its first uncompressed bytes (and, for JSON Lines, its name).
 
 `why_not_text` refuses what is not UTF-8 text (NUL bytes, UTF-16, mostly undecodable bytes); `sniff_format`
-tells the readers' formats apart (`pipeline.readers`); `JSON_ARRAY` spots a JSON array of records, which no
-format reads. Used only when `--format` is `auto`, except `why_not_text`.
+tells the readers' formats apart (`pipeline.readers`) and spots XML or HTML that none reads (`MARKUP`);
+`JSON_ARRAY` spots a JSON array of records, which no format reads. Used only when `--format` is `auto`,
+except `why_not_text`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ DOC_OPEN = re.compile(rb'\s*<doc\s[^>]*\bid="([^"]*)"[^>]*>\s*$')
 _INNER_SENTENCE_END = re.compile(r"\w[.!?][\"'\u201d)]?\s+[\"\u201c(]?[A-Z]")
 _OBJECT_START = re.compile(r'\s*\{\s*"')
 _JSONL_NAME = re.compile(r"\.(jsonl|ndjson)(\.(gz|bz2|xz))?$", re.I)
+# Markup at the very start of a file (after a BOM and blank lines): a declaration, a comment, an <html> tag,
+# or a root tag such as <rss version="2.0"> whose first content is another element. Read as a book, an RSS
+# feed was trained on as "< / description > < / item > < item > ..."; prose that mentions a tag later, or
+# opens with one around a word (<i>Preface</i>, a `lines` file's <s> markers), is still read.
+_MARKUP_START = re.compile(r"<(?:\?xml|!doctype|!--|html[\s>])|<[A-Za-z][\w:.-]*(?:\s[^<>]*)?>\s*<[A-Za-z!]", re.I)
+MARKUP = "markup"  # not a format: what `sniff_format` calls XML or HTML that no reader takes
+MARKUP_DETAIL = "XML/HTML that is not a MediaWiki export; convert it to text, or pass --format text"
 
 
 def named_jsonl(path: str) -> bool:
@@ -48,13 +56,16 @@ def _mostly_json_objects(head: str) -> bool:
 
 
 def sniff_format(sample: bytes) -> str:
-    """`wiki-xml`, `wikiextractor`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file."""
+    """`wiki-xml`, `wikiextractor`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file;
+    `MARKUP` for other XML or HTML, which the caller skips (under `--format text` it is read as a book)."""
     head = sample[:65536].decode("utf-8", errors="replace")
     stripped = head.lstrip("\ufeff \t\r\n")
     if stripped.startswith("<mediawiki") or ("<page>" in head and "<revision>" in head):
         return "wiki-xml"
     if DOC_OPEN.match(stripped.split("\n", 1)[0].encode()):
         return "wikiextractor"
+    if _MARKUP_START.match(stripped):
+        return MARKUP
     if _mostly_json_objects(stripped):
         return "jsonl"
     lines = [ln.strip() for ln in head.split("\n")[:-1] if ln.strip()]

@@ -28,14 +28,16 @@ import re
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Union
 
-from pipeline.decompress import CorruptStream, TrailingBytes, decompressed_chunks, unsupported_compression
-from pipeline.format_sniffing import DOC_OPEN, JSON_ARRAY, named_jsonl, sniff_format, why_not_text
+from pipeline.decompress import CHUNK, CorruptStream, TrailingBytes, decompressed_chunks, unsupported_compression
+from pipeline.format_sniffing import (DOC_OPEN, JSON_ARRAY, MARKUP, MARKUP_DETAIL, named_jsonl, sniff_format,
+                                      why_not_text)
 from pipeline.wikitext import parse_page, wikitext_to_paragraphs
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("auto", "wiki-xml", "text", "lines", "jsonl", "wikiextractor")
 BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark, written by Notepad and some exporters
+SNIFF_BYTES = 1 << 16  # text read before the format is sniffed (`sniff_format` looks at as much)
 
 
 @dataclass(frozen=True)
@@ -97,15 +99,12 @@ def _decode(data: bytes, stats: ReadStats) -> str:
 
 def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, stats: ReadStats) -> Iterator[Record]:
     """Documents and skips of one input file, streaming."""
-    chunks = decompressed_chunks(raw)
     try:
-        first = next(chunks, b"")
+        first, blank_lines, chunks = _first_text(decompressed_chunks(raw))
     except CorruptStream as err:
         yield Skip(source, source, "corrupt_compression", str(err))
         return
-    if first.startswith(BOM):
-        first = first[len(BOM) :]  # json.loads refuses it; in text it would glue itself to the first word
-    if not first.strip():
+    if not first:
         yield Skip(source, source, "empty_file")
         return
     packed = unsupported_compression(first)
@@ -127,10 +126,15 @@ def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, sta
         fmt, how = "jsonl", "by its name"
     elif fmt == "auto":
         fmt, how = sniff_format(first), "sniffed"
+        if fmt == MARKUP:  # an RSS feed, a web page: read as a book, its tags became the text
+            yield Skip(source, source, "unsupported_format", MARKUP_DETAIL)
+            return
     log.info("reading %s as %s (%s)", source, fmt, how)
     stats.inc(f"files_{fmt.replace('-', '_')}")
 
     def stream() -> Iterator[bytes]:
+        for done in range(0, blank_lines, CHUNK):  # the blank run's line breaks: JSON Lines ids count lines
+            yield b"\n" * min(CHUNK, blank_lines - done)
         yield first
         yield from chunks
 
@@ -147,6 +151,37 @@ def read_file(raw: BinaryIO, source: str, fmt: str, max_document_bytes: int, sta
         yield Skip(source, f"{name}@end", "corrupt_compression", str(err))
     if not records:  # e.g. a book under `--format wiki-xml`: nothing in it has that format's shape
         yield Skip(source, source, "no_document_in_format", f"nothing in it reads as {fmt} ({how})")
+
+
+def _first_text(chunks: Iterator[bytes]) -> tuple[bytes, int, Iterator[bytes]]:
+    """The file's text from its first non-blank byte, at least `SNIFF_BYTES` of it where the file holds as
+    much; the line breaks of the blank run before it (counted, not held); the chunks after it. Decided on the
+    first chunk alone, a file opening with 1 MiB of blank lines was skipped as empty, its book lost, and a
+    chunk whose text starts near its end gave the format sniffing almost nothing to go on. Damage met after
+    some text is raised again by the chunks returned, after that text: its documents are kept."""
+    head, blank_lines, at_start = b"", 0, True
+    try:
+        for chunk in chunks:
+            if at_start and chunk.startswith(BOM):
+                chunk = chunk[len(BOM) :]  # json.loads refuses it; in text it would glue itself to the first word
+            at_start = False
+            if not head:
+                text = chunk.lstrip()
+                blank_lines += chunk.count(b"\n", 0, len(chunk) - len(text))
+                chunk = text
+            head += chunk
+            if len(head) >= SNIFF_BYTES:
+                break
+    except CorruptStream as err:
+        if not head:
+            raise
+        return head, blank_lines, _raising(err)
+    return head, blank_lines, chunks
+
+
+def _raising(err: Exception) -> Iterator[bytes]:
+    raise err
+    yield b""  # a generator: raises where the next chunk would have come
 
 
 def _lines(stream: Iterator[bytes], max_line: int) -> Iterator[bytes | None]:

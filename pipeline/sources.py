@@ -123,7 +123,7 @@ def _walk(directory: str) -> list[str]:
     """The input files under `directory`: regular files only (a named pipe would block the read forever),
     symlinked folders followed once each, folders bertpipe wrote left out, each kind of skip logged."""
     found, seen, left_out, odd = [], set(), [], []
-    for root, dirs, names in os.walk(directory, followlinks=True):
+    for root, dirs, names in os.walk(directory, onerror=_unreadable_directory, followlinks=True):
         if _written_by_bertpipe(root, set(dirs) | set(names)):
             left_out.append(root)
             dirs[:] = []
@@ -140,6 +140,12 @@ def _walk(directory: str) -> list[str]:
         log.warning("not reading %d entr(ies) under %s that are not regular files (named pipes, sockets, devices, "
                     "broken links): %s", len(odd), directory, ", ".join(odd[:3]) + (" ..." if len(odd) > 3 else ""))
     return found
+
+
+def _unreadable_directory(err: OSError) -> None:
+    """`os.walk`'s error hook. Without it a folder the user cannot list (chmod 000, another user's) was
+    passed over without a word, its files left out of the corpus; an unreadable file is refused, so is this."""
+    raise ValueError(f"input directory {err.filename} is not readable (check its permissions)") from err
 
 
 def _expand_local_glob(pattern: str) -> list[str]:
