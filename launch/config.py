@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import errno
+import os
+import stat
 import types
 import typing
 from pathlib import Path
@@ -198,17 +201,28 @@ def yaml_problem(err: yaml.YAMLError, *, where: bool = True) -> str:
     return text
 
 
-def resolve_preset(name_or_path: str | Path) -> Path:
-    """A YAML path as given, or a preset name (`tiny`, `bert-large-phase1`) from launch/configs/."""
+def resolve_preset(name_or_path: str | Path, *, named: str | None = None, hint: str | None = None) -> Path:
+    """A YAML path as given, or a preset name (`tiny`, `bert-large-phase1`) from launch/configs/.
+
+    `named`: how a refusal names it (`--config x.yaml`; default "config file x.yaml"), `hint`: what to pass instead."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise ValueError(f"config file {path} does not exist")
+        if (problem := config_file_problem(path)) is not None:
+            raise ValueError(_refusal(named or f"config file {path}", problem, hint))
         return path
     preset = PRESET_DIR / f"{name_or_path}.yaml"
     if preset.is_file():
         return preset
-    raise ValueError(f"no config file or preset named {name_or_path!r}; presets: {', '.join(preset_names()) or 'none'}")
+    presets = ", ".join(preset_names()) or "none"
+    if named is None:
+        raise ValueError(f"no config file or preset named {name_or_path!r}; presets: {presets}")
+    problem = config_file_problem(path)
+    hint = hint or f"pass a YAML file or a preset name ({presets})"
+    if problem == "does not exist":
+        raise ValueError(f"{named} is neither a preset nor a file; {hint}")
+    if problem is None:  # a file, but a name without .yaml is read as a preset's
+        raise ValueError(f"{named} is not a preset, and a config file's name ends in .yaml or .yml: rename it; {hint}")
+    raise ValueError(f"{named} is not a preset, and it {problem}; {hint}")
 
 
 def preset_names() -> list[str]:
@@ -248,14 +262,64 @@ def _key_not_a_name(data: dict[Any, Any], prefix: str = "") -> tuple[str, Any] |
     return None
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+# A config is a few KB: a bigger --config is the wrong file (a corpus, a checkpoint), and was read whole.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _refusal(named: str, problem: str, hint: str | None) -> str:
+    return f"{named} {problem}" + (f"; {hint}" if hint else "")
+
+
+def _kind_problem(st: os.stat_result) -> str | None:
+    """Why a file of this stat cannot be a config file (a directory, a pipe, too big), or None."""
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(st.st_mode):  # a FIFO without a writer: reading it waited forever
+        kind = "a named pipe" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
+        return f"is {kind}, not a regular file"
+    if st.st_size > MAX_CONFIG_BYTES:
+        return f"is {st.st_size:,} bytes; a config file is a few KB (at most {MAX_CONFIG_BYTES:,} bytes)"
+    return None
+
+
+def config_file_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be read as a config file ("does not exist", "is a directory, not a file", ...), or None."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=StrictYamlLoader) or {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"config file {path} is not valid YAML: {yaml_problem(err)}; fix the YAML there") from None
+        return _kind_problem(os.stat(path))
+    except OSError as err:
+        missing = err.errno in (errno.ENOENT, errno.ENOTDIR)
+        return "does not exist" if missing else f"cannot be read: {err.strerror or err}"
+
+
+def _read_config_text(path: str | Path, named: str, hint: str | None) -> str:
+    """The text of a config file: a pipe, socket or device is refused before it is opened (and opened without
+    waiting for a writer, should one replace the file meanwhile), and at most MAX_CONFIG_BYTES + 1 bytes are read."""
+    if (problem := config_file_problem(path)) is not None:
+        raise ValueError(_refusal(named, problem, hint))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise ValueError(_refusal(named, f"cannot be read: {err.strerror or err}", hint)) from None
+    with os.fdopen(fd, "rb") as f:
+        if (problem := _kind_problem(os.fstat(fd))) is not None:
+            raise ValueError(_refusal(named, problem, hint))
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:  # one whose size stat does not tell (/proc), or that grew
+        raise ValueError(_refusal(named, f"is over {MAX_CONFIG_BYTES:,} bytes; a config file is a few KB", hint))
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"config file {path} is not UTF-8 text; save it as UTF-8") from None
+
+
+def load_yaml(path: str | Path, *, named: str | None = None, hint: str | None = None) -> dict[str, Any]:
+    """The mapping in config file `path`, strictly read. `named`: how a file that cannot be read is named in the
+    refusal (`--config x.yaml`; default "config file x.yaml"), `hint`: what to pass instead."""
+    text = _read_config_text(path, named or f"config file {path}", hint)
+    try:
+        data = yaml.load(text, Loader=StrictYamlLoader) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {path} is not valid YAML: {yaml_problem(err)}; fix the YAML there") from None
     if not isinstance(data, dict):
         # Not `{path}: ...`: a relative path like `c.yaml` would read as a config key.
         raise ValueError(f"config file {path}: expected a mapping of config keys at the top level")

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 
 import yaml
 
-from launch.config import from_dict, load_yaml, merge, parse_overrides, resolve_preset, yaml_problem
+from launch.config import from_dict, load_yaml, merge, parse_overrides, preset_names, resolve_preset, yaml_problem
 from launch.errors import CliError
 
 log = logging.getLogger(__name__)
@@ -304,7 +304,14 @@ def config_from_args(args: argparse.Namespace, cls: type, *, legacy: Sequence[st
         source = config_file if config_file is not None else args.config
         data: dict[str, Any] = {}
         if source is not None:
-            data = load_yaml(resolve_preset(source) if preset else source)
+            # A missing --config was "[Errno 2] No such file or directory: 'x.yaml'": refusals name the flag.
+            named = hint = None
+            if getattr(args, "config", None) is not None and str(source) == str(args.config):
+                named = f"--config {source}"
+                hint = (f"pass a YAML file of {cls.__name__} fields"
+                        + (f" or a preset name ({', '.join(preset_names())})" if preset else ""))
+            path = resolve_preset(source, named=named, hint=hint) if preset else source
+            data = load_yaml(path, named=named, hint=hint)
         data = merge(data, parse_overrides(legacy))
         data = merge(data, given_flags(args))
         data = merge(data, fixed or {})

@@ -23,6 +23,7 @@ import functools
 import logging
 import types
 
+from launch.config import merge, parse_overrides
 from launch.config_flags import add_config_flags, config_from_args, flag_of, given_flags, warn_deprecated
 from launch.errors import CliError, Terminated
 from launch.log import setup_logging
@@ -119,9 +120,18 @@ def _config_of(args: argparse.Namespace):
     """CorpusConfig from defaults <- --config YAML <- deprecated key=value overrides <- flags."""
     from pipeline.corpus_job import CorpusConfig
 
-    flags = given_flags(args)
-    # An explicit vocab choice on the command line replaces the other one from the file.
-    fixed = {"train_vocab_size": None} if "vocab" in flags else {"vocab": None} if "train_vocab_size" in flags else {}
+    # An explicit vocab choice on the command line (a flag, or a deprecated `key=value`) replaces the other one
+    # from the --config file, which CorpusConfig would refuse as two; both given here is a mistake, not an override:
+    # the second was silently dropped (a corpus built on --vocab where --train-vocab-size was asked for too).
+    try:
+        given = merge(parse_overrides(args.action), given_flags(args))
+    except ValueError:  # a malformed override: config_from_args names it
+        given = given_flags(args)
+    chosen = [key for key in ("vocab", "train_vocab_size") if given.get(key) is not None]
+    if len(chosen) == 2:
+        raise CliError(f"--vocab {given['vocab']} and --train-vocab-size {given['train_vocab_size']} are both given; "
+                       "give one: --vocab for a BERT vocab.txt, --train-vocab-size to train one on the input")
+    fixed = {"train_vocab_size": None} if chosen == ["vocab"] else {"vocab": None} if chosen else {}
     warn_deprecated("corpus", args.action, CorpusConfig, FLAG_NAMES)
     config = config_from_args(args, CorpusConfig, legacy=args.action, fixed=fixed, flag_names=FLAG_NAMES)
     if not config.inputs:
