@@ -31,7 +31,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.atomic_write import write_text_atomic
 from pipeline.record_files import WriteRecordFiles, read_jsonl_records, read_record_files
 from pipeline.corpus_output import (TMP, WriteDeadLetters, clear_previous_output, delete_tree, is_remote, mark_unfinished, outside,
-                                    refuse_inputs_in_out, same_file, write_file)
+                                    refuse_inputs_in_out, same_file)
+from pipeline.named_writes import write_file
 from pipeline.instances import InstanceSettings
 from pipeline.masking import MaskingVocab
 from pipeline.nsp import CreateInstances, SplitSettings

@@ -9,7 +9,6 @@ run's word counts and shard list in the temp folder) to be read as part of the n
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,6 +21,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.manifest import FORMAT
+from pipeline.named_writes import naming, write_file
 
 log = logging.getLogger(__name__)
 
@@ -182,32 +182,6 @@ def mark_unfinished(out: str, users_vocab: bool) -> None:
     write_file(FileSystems.join(tmp, JOB_MARKER), json.dumps({"format": FORMAT, "finished": False}).encode("utf-8"))
     if users_vocab:
         write_file(FileSystems.join(tmp, USERS_VOCAB), b"")
-
-
-class WriteFailed(OSError):
-    """A write's OSError with its file named, said `[Errno 28] PATH: No space left on device`: ending in the C
-    library's words, as Beam's text of a failed DoFn is matched on (launch/log.py drops its traceback then)."""
-
-    def __str__(self) -> str:
-        return f"[Errno {self.errno}] {self.filename}: {self.strerror}"
-
-
-@contextlib.contextmanager
-def naming(path: str):
-    """An OSError inside names `path`: Python's write errors name no file, Beam passes them on in text, and
-    the one-line report then guessed the newest file in --out (a progress file, not the shard that failed)."""
-    try:
-        yield
-    except OSError as err:
-        if err.errno is None or err.filename is not None:
-            raise
-        raise WriteFailed(err.errno, err.strerror or os.strerror(err.errno), path) from err
-
-
-def write_file(path: str, data: bytes) -> None:
-    """`data` as the file `path` (local or remote); a failed write's OSError names it."""
-    with naming(path), FileSystems.create(path) as f:
-        f.write(data)
 
 
 def _delete_dead_letters(out: str, objects: list[str]) -> None:

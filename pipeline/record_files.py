@@ -13,6 +13,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
+from pipeline.named_writes import naming, write_file
+
 
 class WriteRecordFiles(beam.PTransform):
     """Lines -> files of exact names in `folder`, each bundle's in a file of its own, and `NAME.files.json`
@@ -40,12 +42,14 @@ class _LinesToFile(beam.DoFn):
         if self.file is None:
             self.path = FileSystems.join(self.folder, f"{self.name}-{uuid.uuid4().hex}.jsonl")
             self.file = FileSystems.create(self.path)
-        self.file.write(line.encode("utf-8") + b"\n")
+        with naming(self.path):
+            self.file.write(line.encode("utf-8") + b"\n")
         return ()
 
     def finish_bundle(self):
         if self.file is not None:
-            self.file.close()
+            with naming(self.path):  # a buffered write's error may come only here
+                self.file.close()
             yield GlobalWindows.windowed_value(self.path)
 
 
@@ -54,8 +58,7 @@ def _file_list(folder: str, name: str) -> str:
 
 
 def _write_file_list(_, path: str, files: list[str]) -> None:
-    with FileSystems.create(path) as f:
-        f.write(json.dumps(sorted(files)).encode("utf-8"))
+    write_file(path, json.dumps(sorted(files)).encode("utf-8"))
 
 
 def read_record_files(folder: str, name: str) -> list[str]:

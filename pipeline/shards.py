@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from pipeline.corpus_output import write_file
+from pipeline.named_writes import write_file
 from pipeline.instance_batch import InstanceBatch
 from pipeline.nsp import HELDOUT, TRAIN
 

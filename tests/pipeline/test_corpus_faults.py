@@ -222,3 +222,29 @@ def test_a_compressed_vocab_is_refused_not_decompressed_by_its_name(tmp_path, bo
     packed.write_bytes(bz2.compress(VOCAB.read_bytes()))
     assert _refused_before_any_work(book, packed, tmp_path, capsys) == (
         f"bertpipe corpus: error: vocab {packed} is bzip2-compressed; decompress it and pass the vocab.txt")
+
+
+def test_a_record_file_that_does_not_fit_names_itself(tmp_path, monkeypatch):
+    # The workers' small records (word counts, shard infos) went through a bare write: a full disk there was
+    # reported on whichever file in --out was newest.
+    import errno
+
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipeline import record_files
+    from pipeline.named_writes import WriteFailed
+
+    class Full:
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(FileSystems, "create", staticmethod(lambda path, *a, **k: Full()))
+    fn = record_files._LinesToFile(str(tmp_path), "counts")
+    fn.start_bundle()
+    with pytest.raises(WriteFailed) as caught:
+        fn.process('{"word": 1}')
+    assert str(caught.value) == f"[Errno {errno.ENOSPC}] {fn.path}: No space left on device"
+    assert fn.path.startswith(str(tmp_path / "counts-"))
