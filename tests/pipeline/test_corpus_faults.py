@@ -15,7 +15,6 @@ import threading
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-import object_store
 from launch import cli
 from pipeline.corpus_job import CorpusConfig, run
 from repo_paths import BOOKS, VOCAB
@@ -112,14 +111,6 @@ def test_a_failed_write_names_its_file_and_leaves_out_ours_to_the_rerun(tmp_path
     monkeypatch.undo()
     assert cli.main(argv) == 0, capsys.readouterr().err
     assert (out / "manifest.json").is_file() and not (out / ".bertpipe-tmp").exists()
-
-
-@pytest.fixture
-def store(tmp_path):
-    object_store.ROOT["path"] = str(tmp_path / "bucket")
-    (tmp_path / "bucket").mkdir()
-    yield tmp_path / "bucket"
-    object_store.ROOT["path"] = ""
 
 
 def test_a_job_that_failed_on_an_object_store_leaves_out_ours_to_the_rerun(store, book, monkeypatch):

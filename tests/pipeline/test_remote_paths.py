@@ -6,22 +6,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-import object_store
 from pipeline.corpus_job import CorpusConfig, run
 
 from repo_paths import BOOKS, VOCAB
 
 SMALL = dict(vocab=str(VOCAB), seq_len=64, dupe_factor=1, heldout_fraction=0.1, progress_seconds=0)
-
-
-@pytest.fixture
-def store(tmp_path):
-    object_store.ROOT["path"] = str(tmp_path / "bucket")
-    (tmp_path / "bucket").mkdir()
-    yield tmp_path / "bucket"
-    object_store.ROOT["path"] = ""
 
 
 def _put(store, key: str, text: str) -> None:
