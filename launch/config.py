@@ -271,12 +271,12 @@ def _refusal(named: str, problem: str, hint: str | None) -> str:
 
 
 def _kind_problem(st: os.stat_result) -> str | None:
-    """Why a file of this stat cannot be a config file (a directory, a pipe, too big), or None."""
+    """Why a file of this stat cannot be a config file (a directory, a socket, a device, too big), or None.
+    A pipe is read (`--config <(...)`, `--config /dev/stdin`), without waiting for a writer: see `_read_config_text`."""
     if stat.S_ISDIR(st.st_mode):
         return "is a directory, not a file"
-    if not stat.S_ISREG(st.st_mode):  # a FIFO without a writer: reading it waited forever
-        kind = "a named pipe" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
-        return f"is {kind}, not a regular file"
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):  # /dev/zero never ends; a terminal waits
+        return f"is {'a socket' if stat.S_ISSOCK(st.st_mode) else 'a device'}, not a file"
     if st.st_size > MAX_CONFIG_BYTES:
         return f"is {st.st_size:,} bytes; a config file is a few KB (at most {MAX_CONFIG_BYTES:,} bytes)"
     return None
@@ -292,8 +292,9 @@ def config_file_problem(path: str | Path) -> str | None:
 
 
 def _read_config_text(path: str | Path, named: str, hint: str | None) -> str:
-    """The text of a config file: a pipe, socket or device is refused before it is opened (and opened without
-    waiting for a writer, should one replace the file meanwhile), and at most MAX_CONFIG_BYTES + 1 bytes are read."""
+    """The text of a config file: a socket or device is refused before it is opened; a pipe is opened without
+    waiting for a writer (a named pipe nobody writes to waited forever), then read to its end; at most
+    MAX_CONFIG_BYTES + 1 bytes are read."""
     if (problem := config_file_problem(path)) is not None:
         raise ValueError(_refusal(named, problem, hint))
     try:
@@ -301,9 +302,13 @@ def _read_config_text(path: str | Path, named: str, hint: str | None) -> str:
     except OSError as err:
         raise ValueError(_refusal(named, f"cannot be read: {err.strerror or err}", hint)) from None
     with os.fdopen(fd, "rb") as f:
-        if (problem := _kind_problem(os.fstat(fd))) is not None:
+        st = os.fstat(fd)
+        if (problem := _kind_problem(st)) is not None:
             raise ValueError(_refusal(named, problem, hint))
+        os.set_blocking(fd, True)  # opened: now a pipe's writer may take its time
         data = f.read(MAX_CONFIG_BYTES + 1)
+    if stat.S_ISFIFO(st.st_mode) and not data:
+        raise ValueError(_refusal(named, "is a pipe that nobody wrote to", hint))
     if len(data) > MAX_CONFIG_BYTES:  # one whose size stat does not tell (/proc), or that grew
         raise ValueError(_refusal(named, f"is over {MAX_CONFIG_BYTES:,} bytes; a config file is a few KB", hint))
     try:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Sequence
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -51,7 +50,7 @@ SEQ_LEN_RANGE = (8, 4096)
 # BERT's vocab.txt is 0.2 MB, a 250,000-token multilingual one about 5 MB: far more is not a vocabulary,
 # and reading it whole cost memory without bound (/dev/zero grew until the kernel killed the command).
 VOCAB_MAX_BYTES = 64 << 20
-# Opened as is (Beam would decompress a .bz2 or .gz by its name): a compressed one is told by its first bytes.
+# Beam decompresses a vocab by its name's suffix; one compressed under a plain name is told by its first bytes.
 COMPRESSED_MAGIC = {b"BZh": "bzip2", b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
 LOCAL_RUNNER = "FnApiRunner"
 
@@ -221,10 +220,11 @@ def _read_vocab_file(path: str) -> str:
         # Reading a named pipe blocks until a writer comes; a device (/dev/zero) never ends.
         raise ValueError(f"--vocab {path} is not a regular file (a named pipe, socket or device); "
                          "write the vocabulary to a file and pass that")
-    _refuse_large_vocab(path, _vocab_size(path))
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            raw = f.read(VOCAB_MAX_BYTES + 1)  # bounded: a remote file's size may be unknown
+    if (size := _vocab_size(path)) is not None:
+        _refuse_large_vocab(path, size)
+    try:  # `vocab.txt.gz` is read decompressed, as before; the read is bounded either way
+        with FileSystems.open(path) as f:
+            raw = f.read(VOCAB_MAX_BYTES + 1)  # a remote file's size may be unknown, a decompressed one's is
     except OSError as err:  # a directory, or no permission
         raise ValueError(f"vocab file {path} cannot be read ({err}); pass a BERT vocab.txt") from None
     if len(raw) > VOCAB_MAX_BYTES:
@@ -234,7 +234,8 @@ def _read_vocab_file(path: str) -> str:
     except UnicodeDecodeError as err:
         packed = next((kind for magic, kind in COMPRESSED_MAGIC.items() if raw.startswith(magic)), None)
         if packed:
-            raise ValueError(f"vocab {path} is {packed}-compressed; decompress it and pass the vocab.txt") from None
+            raise ValueError(f"vocab {path} is {packed}-compressed under a name that does not say so; decompress "
+                             "it, or name it for its compression (vocab.txt.gz)") from None
         raise ValueError(f"vocab {path} is not UTF-8 text ({err}); pass a BERT vocab.txt") from None
 
 
@@ -248,7 +249,7 @@ def _vocab_size(path: str) -> int | None:
 def _refuse_large_vocab(path: str, size: int | None) -> None:
     """`ValueError` for a `--vocab` over VOCAB_MAX_BYTES (`size` None: read past it, its size unknown)."""
     if size is not None and size <= VOCAB_MAX_BYTES:
-        return
+        return  # the file on disk may still decompress to more: the bounded read catches that
     said = f"{size:,} bytes" if size is not None else f"over {VOCAB_MAX_BYTES:,} bytes"
     raise ValueError(f"--vocab {path} is {said}, too large for a vocabulary (at most {VOCAB_MAX_BYTES >> 20} MB; "
                      "BERT's vocab.txt is 0.2 MB): pass the vocab.txt itself")

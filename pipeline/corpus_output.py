@@ -179,9 +179,9 @@ def mark_unfinished(out: str, users_vocab: bool) -> None:
     tmp = FileSystems.join(out, TMP)
     if not FileSystems.exists(tmp):
         FileSystems.mkdirs(tmp)  # and `out`; a no-op on an object store
-    write_file(FileSystems.join(tmp, JOB_MARKER), json.dumps({"format": FORMAT, "finished": False}).encode("utf-8"))
-    if users_vocab:
+    if users_vocab:  # first: a job killed between the two must not leave OUT ours with the vocab not the user's
         write_file(FileSystems.join(tmp, USERS_VOCAB), b"")
+    write_file(FileSystems.join(tmp, JOB_MARKER), json.dumps({"format": FORMAT, "finished": False}).encode("utf-8"))
 
 
 def _delete_dead_letters(out: str, objects: list[str]) -> None:

@@ -18,11 +18,15 @@ DOC_OPEN = re.compile(rb'\s*<doc\s[^>]*\bid="([^"]*)"[^>]*>\s*$')
 _INNER_SENTENCE_END = re.compile(r"\w[.!?][\"'\u201d)]?\s+[\"\u201c(]?[A-Z]")
 _OBJECT_START = re.compile(r'\s*\{\s*"')
 _JSONL_NAME = re.compile(r"\.(jsonl|ndjson)(\.(gz|bz2|xz))?$", re.I)
-# Markup at the very start of a file (after a BOM and blank lines): a declaration, a comment, an <html> tag,
-# or a root tag such as <rss version="2.0"> whose first content is another element. Read as a book, an RSS
-# feed was trained on as "< / description > < / item > < item > ..."; prose that mentions a tag later, or
-# opens with one around a word (<i>Preface</i>, a `lines` file's <s> markers), is still read.
-_MARKUP_START = re.compile(r"<(?:\?xml|!doctype|!--|html[\s>])|<[A-Za-z][\w:.-]*(?:\s[^<>]*)?>\s*<[A-Za-z!]", re.I)
+# XML or HTML that no reader takes, from a file's start (after a BOM and blank lines): a declaration or an
+# <html> tag; or a root tag whose first content is another element (<rss version="2.0"><channel>) with tags
+# making up much of the text. Read as a book, an RSS feed was trained on as "< / description > < / item > ...";
+# Markdown or prose that opens with a comment, a centred logo or a tag around a word is still a book.
+_MARKUP_DECLARED = re.compile(r"<(?:\?xml|!doctype|html[\s>])", re.I)
+_ROOT_THEN_TAG = re.compile(r"<[A-Za-z][\w:.-]*(?:\s[^<>]*)?>\s*<[A-Za-z]")
+_COMMENTS = re.compile(r"^(?:<!--.*?-->\s*)+", re.S)
+_TAG = re.compile(r"<[^<>]{1,500}>")
+_MARKUP_SHARE = 0.35  # of the sample's non-blank characters inside tags (an RSS feed's items: 40% and more)
 MARKUP = "markup"  # not a format: what `sniff_format` calls XML or HTML that no reader takes
 MARKUP_DETAIL = "XML/HTML that is not a MediaWiki export; convert it to text, or pass --format text"
 
@@ -55,6 +59,15 @@ def _mostly_json_objects(head: str) -> bool:
     return bool(lines) and 2 * objects >= len(lines)
 
 
+def _mostly_tags(text: str) -> bool:
+    in_tags = sum(_non_blank(m.group()) for m in _TAG.finditer(text))
+    return in_tags >= _MARKUP_SHARE * _non_blank(text)
+
+
+def _non_blank(text: str) -> int:
+    return len(text) - sum(map(text.count, " \t\r\n"))
+
+
 def sniff_format(sample: bytes) -> str:
     """`wiki-xml`, `wikiextractor`, `jsonl`, `lines` or `text` from the first uncompressed bytes of a file;
     `MARKUP` for other XML or HTML, which the caller skips (under `--format text` it is read as a book)."""
@@ -64,7 +77,8 @@ def sniff_format(sample: bytes) -> str:
         return "wiki-xml"
     if DOC_OPEN.match(stripped.split("\n", 1)[0].encode()):
         return "wikiextractor"
-    if _MARKUP_START.match(stripped):
+    opening = _COMMENTS.sub("", stripped, count=1)  # a comment first says nothing either way
+    if _MARKUP_DECLARED.match(opening) or _ROOT_THEN_TAG.match(opening) and _mostly_tags(opening):
         return MARKUP
     if _mostly_json_objects(stripped):
         return "jsonl"

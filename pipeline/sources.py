@@ -119,11 +119,22 @@ def _written_by_bertpipe(root: str, entries: set[str]) -> bool:
         return False
 
 
-def _walk(directory: str) -> list[str]:
+def _walk(directory: str, named: bool = True) -> list[str]:
     """The input files under `directory`: regular files only (a named pipe would block the read forever),
-    symlinked folders followed once each, folders bertpipe wrote left out, each kind of skip logged."""
-    found, seen, left_out, odd = [], set(), [], []
-    for root, dirs, names in os.walk(directory, onerror=_unreadable_directory, followlinks=True):
+    symlinked folders followed once each, folders bertpipe wrote left out, each kind of skip logged.
+    named: the user named `directory` (an --input), not a glob that matched it; only then may it stop the job."""
+    found, seen, left_out, odd, unlisted = [], set(), [], [], []
+
+    def cannot_list(err: OSError) -> None:
+        # Passed over without a word, a folder the user cannot list (chmod 000, another user's) lost its files
+        # from the corpus. The input itself is refused, as an unreadable file is; a folder below it is left out
+        # with a warning, for a mount's root-only lost+found (left out quietly) must not stop the job.
+        if named and os.path.normpath(err.filename or "") == os.path.normpath(directory):
+            raise ValueError(f"input directory {directory} is not readable (check its permissions)") from err
+        if os.path.basename(err.filename or "") != "lost+found":
+            unlisted.append(err.filename)
+
+    for root, dirs, names in os.walk(directory, onerror=cannot_list, followlinks=True):
         if _written_by_bertpipe(root, set(dirs) | set(names)):
             left_out.append(root)
             dirs[:] = []
@@ -139,13 +150,12 @@ def _walk(directory: str) -> list[str]:
     if odd:
         log.warning("not reading %d entr(ies) under %s that are not regular files (named pipes, sockets, devices, "
                     "broken links): %s", len(odd), directory, ", ".join(odd[:3]) + (" ..." if len(odd) > 3 else ""))
+    if unlisted == [directory]:  # a folder a glob matched
+        log.warning("not reading %s: it cannot be listed (check its permissions)", directory)
+    elif unlisted:
+        log.warning("not reading %d folder(s) under %s that cannot be listed (check their permissions): %s",
+                    len(unlisted), directory, ", ".join(unlisted[:3]) + (" ..." if len(unlisted) > 3 else ""))
     return found
-
-
-def _unreadable_directory(err: OSError) -> None:
-    """`os.walk`'s error hook. Without it a folder the user cannot list (chmod 000, another user's) was
-    passed over without a word, its files left out of the corpus; an unreadable file is refused, so is this."""
-    raise ValueError(f"input directory {err.filename} is not readable (check its permissions)") from err
 
 
 def _expand_local_glob(pattern: str) -> list[str]:
@@ -156,7 +166,7 @@ def _expand_local_glob(pattern: str) -> list[str]:
         hits = found = _recursive_glob(pattern)
     else:
         hits = sorted(glob.glob(pattern))
-        found = [f for hit in hits for f in (_walk(hit) if os.path.isdir(hit) else [hit] if os.path.isfile(hit) else [])
+        found = [f for hit in hits for f in (_walk(hit, named=False) if os.path.isdir(hit) else [hit] if os.path.isfile(hit) else [])
                  if not _ignored(f)]
     if not found:
         ignored = f" it does not ignore ({_IGNORED_NOTE})" if hits or recursive else ""

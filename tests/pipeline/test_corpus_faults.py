@@ -203,16 +203,36 @@ def test_a_vocab_of_unknown_size_is_read_no_further_than_the_cap(tmp_path, book,
 
     monkeypatch.setattr(corpus_job, "_vocab_size", lambda path: None)  # as a remote file system may say
     monkeypatch.setattr(corpus_job, "VOCAB_MAX_BYTES", 1 << 20)
+    # A vocabulary whose size was not told is read (it was refused as "over 1,048,576 bytes" unread) ...
+    assert corpus_job._read_vocab_file(str(VOCAB)) == VOCAB.read_text(encoding="utf-8")
     big = tmp_path / "big.txt"
     big.write_bytes(VOCAB.read_bytes() * 5)  # 1.1 MB of real vocabulary lines
+    read = []
+    real_open = corpus_job.FileSystems.open
+
+    def counting_open(path, *args, **kwargs):
+        f = real_open(path, *args, **kwargs)
+        real_read = f.read
+        f.read = lambda n=-1: read.append(n) or real_read(n)
+        return f
+
+    monkeypatch.setattr(corpus_job.FileSystems, "open", staticmethod(counting_open))
+    # ... and a file past the cap is refused having read no more than one byte past it.
     assert "is over 1,048,576 bytes, too large for a vocabulary" in _refused_before_any_work(book, big, tmp_path, capsys)
+    assert read == [(1 << 20) + 1]
 
 
-def test_a_compressed_vocab_is_refused_not_decompressed_by_its_name(tmp_path, book, capsys):
+def test_a_compressed_vocab_is_read_by_its_name_and_refused_under_a_plain_one(tmp_path, book, capsys):
+    from pipeline import corpus_job
+
     packed = tmp_path / "vocab.txt.bz2"
     packed.write_bytes(bz2.compress(VOCAB.read_bytes()))
-    assert _refused_before_any_work(book, packed, tmp_path, capsys) == (
-        f"bertpipe corpus: error: vocab {packed} is bzip2-compressed; decompress it and pass the vocab.txt")
+    assert corpus_job._read_vocab_file(str(packed)) == VOCAB.read_text(encoding="utf-8")
+    plain = tmp_path / "vocab.txt"
+    plain.write_bytes(packed.read_bytes())
+    assert _refused_before_any_work(book, plain, tmp_path, capsys) == (
+        f"bertpipe corpus: error: vocab {plain} is bzip2-compressed under a name that does not say so; decompress it, "
+        "or name it for its compression (vocab.txt.gz)")
 
 
 def test_a_record_file_that_does_not_fit_names_itself(tmp_path, monkeypatch):
