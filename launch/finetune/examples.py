@@ -102,13 +102,21 @@ class SkipCounter:
     count: int = 0
     where: list[str] = field(default_factory=list)  # a few locations among the skips not yet logged
     logged: int = 0  # skips already reported by `log`
+    whole: dict[Path, str] = field(default_factory=dict)  # file -> who needs every line of it (see `refuse`)
 
     def malformed(self, path: Path, line: int, why: str) -> None:
         if not self.allow:
-            raise DataError(f"{path}:{line}: {why} (fix the line, or pass --skip-malformed to skip such lines)")
+            # a file read whole refuses its skipped lines anyway: --skip-malformed is no way out there
+            fix = f"fix the line: {self.whole[path]}" if path in self.whole else \
+                "fix the line, or pass --skip-malformed to skip such lines"
+            raise DataError(f"{path}:{line}: {why} ({fix})")
         self.count += 1
         if len(self.where) < 5:
             self.where.append(f"{path.name}:{line} ({why})")
+
+    def read_whole(self, path: Path, why: str) -> None:
+        """Mark `path` as needed whole (`why`: who needs it), before reading it; `refuse` it after."""
+        self.whole[path] = why
 
     def refuse(self, path: Path, why: str) -> None:
         """Stop on the lines of `path` skipped since the last `log`, where every line is needed: a test file a
@@ -173,6 +181,8 @@ class SplitFiles:
         return holding[0] if holding else data_dir
 
     def _files(self, folder: Path, split: str) -> list[Path]:
+        for name in self.names[split]:  # a FIFO dev.txt was "missing the dev split"; a FIFO test.txt, ignored
+            refuse_non_file(folder / name, f"the {self.what} {split} split")
         named = [folder / n for n in self.names[split] if (folder / n).is_file()]
         if named or not self.pattern:
             return named
@@ -192,21 +202,68 @@ def _listed(items) -> str:
     return " and ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
+# A larger score overflows float32 once squared (the MSE loss): the loss became inf, and the message blamed the
+# learning rate.
+MAX_SCORE = 1e15
+
+
+class ScoreTooLarge(ValueError):
+    """A finite score too large to train on (its message is a predicate: "is too large ...")."""
+
+
 def finite_score(raw) -> float:
     """A regression target: a number, and finite (one NaN or inf makes the loss NaN and every correlation NaN);
     not JSON's true/false, which float() reads as 1.0 and 0.0."""
     if isinstance(raw, bool):
         raise ValueError(f"{raw!r} is a yes/no value, not a score")
-    value = float(raw)
+    try:
+        value = float(raw)
+    except OverflowError:  # a JSON integer of hundreds of digits
+        raise ScoreTooLarge(f"is too large for a score (above {MAX_SCORE:g}); scale the scores down") from None
     if not math.isfinite(value):
         raise ValueError(f"{raw!r} is not finite")
+    if abs(value) > MAX_SCORE:
+        raise ScoreTooLarge(f"is too large for a score (above {MAX_SCORE:g}); scale the scores down")
     return value
 
 
+def bad_score(what: str, raw, err: ValueError) -> str:
+    """Why `raw` (from `finite_score`'s `err`) is no score, as a malformed line's reason; a long value cut short."""
+    shown = repr(raw)
+    shown = shown if len(shown) <= 40 else f"{shown[:20]}... ({len(shown)} characters)"
+    return f"{what} {shown} {err}" if isinstance(err, ScoreTooLarge) else f"{what} {shown} is not a finite number"
+
+
+def json_int(text: str) -> int:
+    """A JSON integer, for json's `parse_int`: one too long for Python to convert is named for what it is (Python's
+    own message named no file, and told to raise the interpreter's limit)."""
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"holds a number of {digits} digits, too long to be any value; fix it")
+    return int(text)
+
+
+MAX_INT_DIGITS = getattr(sys, "get_int_max_str_digits", lambda: 4300)() or 4300  # 0: no limit; keep Python's default
+
+
+def refuse_non_file(path: Path, what: str) -> None:
+    """Refuse `path` when something other than a file is there: taken for missing, or (optional) silently ignored."""
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "a named pipe" if path.is_fifo() else "not a regular file"
+        kind = kind if kind.startswith("not") else f"{kind}, not a file"
+        raise DataError(f"{path} ({what}) is {kind}; put the data file itself there")
+
+
 def require_file(path: Path, what: str) -> Path:
+    refuse_non_file(path, what)
     if not path.is_file():
         raise DataError(f"{what}: expected the file {path}, which does not exist")
     return path
+
+
+def unreadable(path: Path, err: OSError) -> DataError:
+    """An input file that cannot be opened or read (permissions, an I/O error): what to change, no traceback."""
+    return DataError(f"cannot read {path}: {err.strerror or err}; make it readable")
 
 
 def read_delimited(
@@ -219,7 +276,10 @@ def read_delimited(
     the one it starts on; records over several lines (a quoted line break, or an unclosed quote that
     swallows the lines after it) are counted and reported when the file is done.
     """
-    f = open(path, encoding="utf-8-sig", newline="")
+    try:
+        f = open(path, encoding="utf-8-sig", newline="")
+    except OSError as err:
+        raise unreadable(path, err) from None
     reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
     head: list[str] | None = None
     if header:
@@ -258,6 +318,9 @@ def _utf8(reader, path: Path, f) -> Iterator[list[str]]:
     except UnicodeDecodeError as err:
         f.close()
         raise not_utf8(path, err, reader.line_num) from None
+    except OSError as err:  # EIO mid-file
+        f.close()
+        raise unreadable(path, err) from None
 
 
 def text_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -271,6 +334,8 @@ def text_lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield line_no, line
     except UnicodeDecodeError as err:
         raise not_utf8(path, err, line_no) from None
+    except OSError as err:
+        raise unreadable(path, err) from None
 
 
 def nul_byte(path: Path, line: int) -> DataError:
@@ -297,6 +362,10 @@ def not_utf8(path: Path, err: UnicodeDecodeError, after_line: int) -> DataError:
 
 
 def column_index(header: Sequence[str], name: str, path: Path) -> int:
+    """`name`'s place in the header: there once (twice, the first was read and the other ignored, without a word)."""
+    times = list(header).count(name)
+    if times > 1:
+        raise DataError(f"{path}: the header names the column {name!r} {times} times; rename or remove all but one")
     try:
         return list(header).index(name)
     except ValueError:

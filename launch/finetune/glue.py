@@ -17,9 +17,11 @@ from launch.finetune.examples import (
     DataError,
     SkipCounter,
     TextExample,
+    bad_score,
     column_index,
     finite_score,
     read_delimited,
+    refuse_non_file,
     require_file,
 )
 
@@ -105,6 +107,7 @@ def read_glue_file(spec: GlueSpec, path: Path, *, labelled: bool, skips: SkipCou
                         f"its rows; use the test file of the GLUE download, or remove it to skip the submission")
     width = len(header) if header is not None else 4  # CoLA: source, label, notes, sentence
     examples: list[TextExample] = []
+    first_line: dict[str, int] = {}  # test id -> its line: a repeated one was written twice into the submission
     for line, fields in rows:
         if len(fields) != width:
             skips.malformed(path, line, f"expected {width} tab-separated fields, got {len(fields)}")
@@ -119,14 +122,17 @@ def read_glue_file(spec: GlueSpec, path: Path, *, labelled: bool, skips: SkipCou
             if spec.labels is None:
                 try:
                     label = finite_score(raw)
-                except ValueError:
-                    skips.malformed(path, line, f"score {raw!r} is not a finite number")
+                except ValueError as err:
+                    skips.malformed(path, line, bad_score("score", raw, err))
                     continue
             elif raw not in spec.labels:
                 raise DataError(f"{path}:{line}: unknown label {raw!r}; {spec.dir_name} labels are {list(spec.labels)}")
             else:
                 label = raw
         guid = fields[iid] if iid is not None else f"{path.stem}-{line}"
+        if not labelled and first_line.setdefault(guid, line) != line:
+            raise DataError(f"{path}:{line}: the {spec.id_column} {guid!r} is repeated (first on line "
+                            f"{first_line[guid]}); the GLUE server wants each test id once: fix the file")
         examples.append(TextExample(guid, fields[ia], fields[ib] if ib is not None else None, label))
     return examples
 
@@ -134,19 +140,33 @@ def read_glue_file(spec: GlueSpec, path: Path, *, labelled: bool, skips: SkipCou
 def read_split(spec: GlueSpec, data_dir: Path, split: str, *, skip_malformed: bool = False) -> list[TextExample]:
     """`split` is `train`, a dev split name (`dev`, `dev_matched`, ...) or a test file name."""
     skips = SkipCounter(allow=skip_malformed)
-    base = task_dir(spec, data_dir)
     if split == "train":
-        out = read_glue_file(spec, base / "train.tsv", labelled=True, skips=skips)
+        out = read_glue_file(spec, _labelled_path(spec, data_dir, "train.tsv"), labelled=True, skips=skips)
     elif split in spec.dev_files:
-        out = read_glue_file(spec, base / spec.dev_files[split], labelled=True, skips=skips)
+        out = read_glue_file(spec, _labelled_path(spec, data_dir, spec.dev_files[split]), labelled=True, skips=skips)
     elif split in spec.test_files:
         path = _test_path(spec, data_dir, split)
+        skips.read_whole(path, WHOLE_TEST)
         out = read_glue_file(spec, path, labelled=False, skips=skips)
-        skips.refuse(path, "the GLUE server takes a submission only with a prediction for every test line")
+        skips.refuse(path, WHOLE_TEST)
     else:
         raise DataError(f"{spec.name} has no split {split!r}")
     skips.log(f"{spec.dir_name} {split}")
     return out
+
+
+WHOLE_TEST = "the GLUE server takes a submission only with a prediction for every test line"
+
+
+def _labelled_path(spec: GlueSpec, data_dir: Path, name: str) -> Path:
+    """The train or dev file `name`: when neither DIR/<TASK>/ nor DIR has it, both places are named (DIR one level
+    off, `data/` for `data/glue/`, was told only of `data/train.tsv`)."""
+    path = task_dir(spec, data_dir) / name
+    refuse_non_file(path, f"GLUE {spec.dir_name}")
+    if not path.is_file() and path.parent == data_dir:
+        raise DataError(f"GLUE {spec.dir_name}: expected the file {data_dir / spec.dir_name / name} (DIR the GLUE "
+                        f"download) or {path} (DIR the task's folder); neither exists: check --data-dir")
+    return path
 
 
 def _test_path(spec: GlueSpec, data_dir: Path, name: str) -> Path:
@@ -159,6 +179,9 @@ def _test_path(spec: GlueSpec, data_dir: Path, name: str) -> Path:
 
 
 def available_tests(spec: GlueSpec, data_dir: Path) -> list[str]:
+    """The test files there; one that is there but no file (a folder, a named pipe) is refused, not ignored."""
+    for name in spec.test_files:
+        refuse_non_file(_test_path(spec, data_dir, name), f"GLUE {spec.dir_name} test")
     return [name for name in spec.test_files if _test_path(spec, data_dir, name).is_file()]
 
 

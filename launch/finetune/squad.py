@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from launch.finetune.examples import DataError, QAExample, SplitFiles
+from launch.finetune.examples import DataError, QAExample, SplitFiles, json_int, unreadable
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +50,17 @@ def _text(value: object, what: str, path: Path, article: int) -> str:
 def read_squad(path: Path) -> list[QAExample]:
     try:
         with open(path, encoding="utf-8-sig") as f:  # a byte order mark (an editor's save) is dropped, as elsewhere
-            data = json.load(f)
+            data = json.load(f, parse_int=json_int)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); SQuAD files are UTF-8 JSON") from None
+    except OSError as err:
+        raise unreadable(path, err) from None
+    except RecursionError:  # thousands of nested [ or {: no SQuAD file is that deep
+        raise DataError(f"{path}: not a SQuAD file (JSON nested too deeply); expected SQuAD v1.1 layout") from None
+    except ValueError as err:  # json_int's: a number of thousands of digits
+        raise DataError(f"{path}: {err}") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise DataError(f"{path}: not a SQuAD file (expected an object with a `data` list of articles)")
     out: list[QAExample] = []

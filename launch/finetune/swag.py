@@ -24,6 +24,8 @@ def find_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
 
 def read_swag(path: Path, *, labelled: bool, skips: SkipCounter | None = None) -> list[ChoiceExample]:
     skips = skips or SkipCounter()
+    if not labelled:
+        skips.read_whole(path, TEST_ROWS)
     header, rows = read_delimited(path, ",", header=True, quoting=csv.QUOTE_MINIMAL)
     assert header is not None
     id_col = column_index(header, "fold-ind", path)

@@ -20,9 +20,12 @@ from launch.finetune.examples import (
     SkipCounter,
     TaggedExample,
     TextExample,
+    bad_score,
     column_index,
     finite_score,
+    json_int,
     read_delimited,
+    refuse_non_file,
     text_lines,
 )
 
@@ -38,6 +41,8 @@ class Columns:
 
 
 def find_split_file(data_dir: Path, split: str, *, required: bool) -> Path | None:
+    for name in (f"{stem}.{ext}" for stem in SPLIT_NAMES[split] for ext in EXTENSIONS):
+        refuse_non_file(data_dir / name, f"the {split} split")  # else taken for missing, or (test) ignored
     found = [data_dir / f"{stem}.{ext}" for stem in SPLIT_NAMES[split] for ext in EXTENSIONS
              if (data_dir / f"{stem}.{ext}").is_file()]
     if len(found) > 1:  # one would be read and the other silently ignored
@@ -72,12 +77,15 @@ def _jsonl_records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterato
         if not line.strip():
             continue
         try:
-            row = json.loads(line, parse_constant=_refuse_constant)
+            row = json.loads(line, parse_constant=_refuse_constant, parse_int=json_int, object_pairs_hook=_one_each)
         except json.JSONDecodeError as err:
             skips.malformed(path, line_no, f"not valid JSON ({err.msg})")
             continue
-        except ValueError as err:  # NaN, Infinity: became the class "nan", or the text "nan"
+        except ValueError as err:  # NaN, Infinity (became the class "nan"), a key twice, a number too long
             skips.malformed(path, line_no, str(err))
+            continue
+        except RecursionError:  # thousands of nested [ or {
+            skips.malformed(path, line_no, "JSON nested too deeply")
             continue
         if not isinstance(row, dict):
             skips.malformed(path, line_no, "expected a JSON object per line")
@@ -92,6 +100,15 @@ def _jsonl_records(path: Path, wanted: list[str], skips: SkipCounter) -> Iterato
             skips.malformed(path, line_no, f"key(s) {bad} hold {json.dumps(row[bad[0]])}, not text")
             continue
         yield line_no, row
+
+
+def _one_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each there once: json kept the last of a repeated key, without a word."""
+    row = dict(pairs)
+    if len(row) < len(pairs):
+        twice = next(k for i, (k, _) in enumerate(pairs) if any(k == other for other, _ in pairs[:i]))
+        raise ValueError(f"the key {twice!r} is given more than once; keep one")
+    return row
 
 
 def _refuse_constant(name: str) -> None:
@@ -110,14 +127,16 @@ def read_text_split(
         if lists:
             skips.malformed(path, line, f"key(s) {lists} hold a list, not text")
             continue
+        if _yes_no(path, line, row, wanted[:2 if cols.text_pair else 1], skips):  # a label true is a class "true"
+            continue
         label: str | float | None = None
         if labelled:
             raw = row[cols.label]
             if regression:
                 try:
                     label = finite_score(raw)
-                except (TypeError, ValueError):
-                    skips.malformed(path, line, f"label {raw!r} is not a finite number (regress needs numeric labels)")
+                except (TypeError, ValueError) as err:
+                    skips.malformed(path, line, f"{bad_score('label', raw, err)} (regress needs numeric labels)")
                     continue
             else:
                 label = _label_text(raw)
@@ -139,6 +158,14 @@ def read_text_split(
             continue
         out.append((line, TextExample(f"{path.stem}-{line}", str(row[cols.text]), text_b, label)))
     return out
+
+
+def _yes_no(path: Path, line: int, row: dict[str, Any], keys: list[str], skips: SkipCounter) -> bool:
+    """Whether a JSON true/false stands in `keys` (counted as malformed): str() made it the text or tag "True"."""
+    bools = [c for c in keys if isinstance(row[c], bool)]
+    if bools:
+        skips.malformed(path, line, f"key(s) {bools} hold {json.dumps(row[bools[0]])}, not text")
+    return bool(bools)
 
 
 def _label_text(raw: Any) -> str:
@@ -166,6 +193,8 @@ def read_tag_split(path: Path, cols: Columns, *, labelled: bool, skips: SkipCoun
     wanted = [cols.text] + ([cols.label] if labelled else [])
     out: list[tuple[int, TaggedExample]] = []
     for line, row in _records(path, wanted, skips):
+        if _yes_no(path, line, row, wanted, skips):
+            continue
         words = _as_list(row[cols.text])
         tags = _as_list(row[cols.label]) if labelled else None
         if not words:
