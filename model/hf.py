@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -97,8 +98,8 @@ class LoadReport:
 # ---------------------------------------------------------------------------------------- config
 
 
-def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
-    """An HF `config.json` mapping -> BertConfig, refusing variants this BERT does not implement."""
+def config_from_hf(hf: dict[str, Any], complete: bool = True, **overrides: Any) -> BertConfig | None:
+    """An HF `config.json` mapping -> BertConfig, refusing variants this BERT does not implement and left-out sizes."""
     if not isinstance(hf, dict):
         raise ValueError(f"it holds a JSON {type(hf).__name__}, not an object of settings; not a model config")
     if hf.get("model_type", "bert") != "bert":
@@ -122,7 +123,10 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise ValueError(f"{name} is {value!r}; it must be {'an integer' if integer else 'a number'}")
     fields.update(overrides)
-    return BertConfig(**fields)
+    sizes = [n for n in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if n not in fields]
+    if sizes and complete:  # BERT-Base's value would fill it unseen, and the weights' shapes were blamed
+        raise ValueError(f"it has no {sizes[0]}; add it (the checkpoint's own value)")
+    return None if sizes else BertConfig(**fields)  # complete=False: variants only, no check on BERT-Base's sizes
 
 
 def _head_labels(hf: dict[str, Any]) -> list[str] | None:
@@ -250,6 +254,12 @@ def ours_to_hf(state: dict[str, torch.Tensor], config: BertConfig, prefix: str =
 # ---------------------------------------------------------------------------------------- files
 
 
+def _readable(f: Path) -> Path:  # refused in one line: safetensors said a file it may not open does not exist
+    if not os.access(f, os.R_OK):
+        raise ValueError(f"cannot read {f}: Permission denied; make it readable")
+    return f
+
+
 def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     """The tensors of an HF directory: safetensors (single or sharded) first, else pytorch_model.bin
     (a pickle: read through `load_torch_file`, so a file that would run code is refused)."""
@@ -263,7 +273,7 @@ def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         files = [single]
     elif index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = json.loads(_readable(index).read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"{index} is not a safetensors index (no valid weight_map: {err})") from None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
@@ -273,7 +283,7 @@ def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         if missing:
             raise ValueError(f"{index} names shards that are missing: {', '.join(missing[:5])}")
     elif binary.is_file():
-        state = load_torch_file(binary)
+        state = load_torch_file(_readable(binary))
         if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
             raise ValueError(f"{binary} does not hold a state dict of tensors")
         return state, binary.name
@@ -282,18 +292,17 @@ def read_hf_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            state.update(load_file(str(f)))
+            state.update(load_file(str(_readable(f))))
         except SafetensorError as err:
             raise ValueError(f"{f} is truncated or not a safetensors file ({err})") from None
     return state, (single if single.is_file() else index).name
 
 
 def count_vocab(vocab_file: Path) -> int:
-    """Tokens in a vocab.txt by the rule of `pipeline.vocab.read_vocab_tokens` (line i is id i; a BOM,
-    CRLF and trailing empty lines tolerated), restated because model/ imports nothing of ours;
-    tests/model/test_hf_loading.py holds the two to the same counts."""
+    """Tokens in a vocab.txt by `pipeline.vocab.read_vocab_tokens`' rule (line i is id i; a BOM, CRLF and trailing empty
+    lines tolerated), restated as model/ imports nothing of ours; tests/model/test_hf_refusals.py holds them equal."""
     try:
-        lines = vocab_file.read_text(encoding="utf-8-sig").split("\n")
+        lines = _readable(vocab_file).read_text(encoding="utf-8-sig").split("\n")
     except UnicodeDecodeError as err:
         raise ValueError(f"{vocab_file} is not UTF-8 text ({err.reason} at byte {err.start}); "
                          "a vocab.txt holds one token per line in UTF-8") from None
@@ -314,17 +323,23 @@ def load_pretrained(model_cls: type[M], path: str | Path, config_overrides: dict
     if not config_file.is_file():
         raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
     try:
-        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
+        hf_config = json.loads(_readable(config_file).read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{config_file} is not valid JSON ({err.msg})") from None
     except UnicodeDecodeError as err:
         raise ValueError(f"{config_file} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     try:
-        config_from_hf(hf_config)  # refuse unsupported variants before reading any weights
+        config_from_hf(hf_config, complete=False)  # refuse unsupported variants before reading any weights
     except ValueError as err:
         raise ValueError(f"{config_file}: {err}") from None
     state, source = read_hf_state(path)
-    ours, ignored = hf_to_ours(state, config_from_hf(hf_config))
+    try:  # a size left out is refused once the weights exist ("no weights" is the first thing to say)
+        base = config_from_hf(hf_config)
+    except ValueError as err:
+        raise ValueError(f"{config_file}: {err}") from None
+    if bad := next((k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None):
+        raise ValueError(f"{path / source} holds NaN/inf in {bad}; the checkpoint is damaged")  # not the lr's fault
+    ours, ignored = hf_to_ours(state, base)
     report = LoadReport(source=str(path / source), unexpected_keys=ignored, head_labels=_head_labels(hf_config))
 
     rows = ours["bert.embeddings.word.weight"].shape[0] if "bert.embeddings.word.weight" in ours else None

@@ -36,7 +36,9 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
         raise DataError(str(err)) from None
     config_file = hf_dir / "config.json"
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config = json.loads(_read(config_file, "utf-8"))
+    except DataError:
+        raise
     except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise DataError(f"{config_file} cannot be read as JSON ({err}); the checkpoint's config is damaged") from None
     if not isinstance(config, dict):
@@ -47,7 +49,7 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
     if not vocab_file.is_file():
         raise DataError(f"{hf_dir} has no vocab.txt; the fine-tuning tokenizer must use the checkpoint's own vocabulary")
     try:
-        tokens = read_vocab_tokens(vocab_file.read_text(encoding="utf-8-sig"))
+        tokens = read_vocab_tokens(_read(vocab_file, "utf-8-sig"))
     except UnicodeDecodeError as err:
         raise DataError(f"{vocab_file} is not UTF-8 text ({err.reason} at byte {err.start}); a vocab.txt holds one "
                         "token per line in UTF-8") from None
@@ -69,6 +71,15 @@ def open_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Checkp
         if special not in tokens:
             raise DataError(f"{vocab_file} lacks the special token {special}; not a BERT WordPiece vocabulary")
     return Checkpoint(hf_dir, vocab_file, len(tokens), model_lowercase(hf_dir, tokens))
+
+
+def _read(f: Path, encoding: str) -> str:
+    """`f`'s text; a file that may not be read is named in one line (it was a traceback, or "damaged")."""
+    try:
+        return f.read_text(encoding=encoding)
+    except OSError as err:  # UnicodeDecodeError, a ValueError, is the caller's to name
+        hint = "; make it readable" if isinstance(err, PermissionError) else ""
+        raise DataError(f"cannot read {f}: {err.strerror or err}{hint}") from None
 
 
 def load_tokenizer(ckpt: Checkpoint):

@@ -3,6 +3,7 @@ flags, YAML and sweep trials all map here) and `FeaturesConfig` (`bertpipe featu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -138,6 +139,9 @@ class FinetuneConfig:
 
     def validate(self) -> None:
         """Refuse settings that cannot train, naming the flag to change."""
+        for name in ("lr", "feature_lr", "warmup", "weight_decay", "adam_epsilon", "max_grad_norm"):  # inf passed the bounds
+            if not math.isfinite(value := getattr(self, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
         checks = [
             (bool(self.task), "--task is required"),
             (bool(self.data_dir), "--data-dir is required"),

@@ -263,8 +263,9 @@ class Finetuner:
             loss = loss if share is None else loss * share
             if not math.isfinite(seen := loss.item()):
                 # A ValueError: the CLI says it in one line and a sweep records the trial as failed, not crashed.
-                raise ValueError(f"the loss became {seen} at epoch {epoch + 1}, step {step + 1}: training "
-                                 "diverged; lower the learning rate (--lr) or keep --max-grad-norm")
+                cause = ("before any update, so the checkpoint's weights or the data are at fault, not the learning "
+                         "rate" if step == 0 else "training diverged; lower the learning rate (--lr) or keep --max-grad-norm")
+                raise ValueError(f"the loss became {seen} at epoch {epoch + 1}, step {step + 1}: {cause}")
             loss.backward()
             value += seen
         return value
